@@ -1,0 +1,97 @@
+//! The `policy:` section of the gateway config.
+
+use serde::{Deserialize, Serialize};
+
+/// Routing policy settings. Every field has a default, so `policy:` may be omitted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// Weights of the signals in the total score.
+    pub weights: Weights,
+    /// Bounded-load factor `c` (Mirrokni et al.): no replica takes more than
+    /// `ceil(c * (in_flight + 1) / healthy)` requests while another is below that bound.
+    /// Must be at least 1.0.
+    pub load_factor: f64,
+    /// Virtual nodes per replica on the consistent-hash ring.
+    pub ring_vnodes: u32,
+    /// The cold-prefix key hashes this many leading text chunks (or the whole prompt if shorter).
+    pub ring_key_chunks: usize,
+    /// Text mode: bytes per prefix chunk.
+    pub chunk_bytes: usize,
+    /// Text mode: chunk hashes remembered per replica (least recently used dropped first).
+    pub prefix_capacity: usize,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            weights: Weights::default(),
+            load_factor: 1.25,
+            ring_vnodes: 40,
+            ring_key_chunks: 4,
+            chunk_bytes: 256,
+            prefix_capacity: 100_000,
+        }
+    }
+}
+
+/// Weights of the normalised signals, each in [0, 1].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Weights {
+    /// Fraction of the prompt's prefix chunks the replica is believed to hold.
+    pub prefix: f64,
+    /// 1 for the bounded-load consistent-hash owner of the prompt's first chunks.
+    pub ring: f64,
+    /// 1 for an idle replica, falling towards 0 as its in-flight count nears the fleet's busiest.
+    pub load: f64,
+}
+
+impl Default for Weights {
+    fn default() -> Self {
+        Weights { prefix: 3.0, ring: 1.0, load: 1.0 }
+    }
+}
+
+impl PolicyConfig {
+    /// Problems with the values, each as (field path under `policy`, message).
+    pub fn validate(&self) -> Vec<(String, String)> {
+        let mut errors = Vec::new();
+        let mut check = |ok: bool, path: &str, msg: String| {
+            if !ok {
+                errors.push((path.to_string(), msg));
+            }
+        };
+        check(
+            self.load_factor.is_finite() && self.load_factor >= 1.0,
+            "load_factor",
+            format!("must be a number >= 1.0, got {}", self.load_factor),
+        );
+        check(
+            (1..=1024).contains(&self.ring_vnodes),
+            "ring_vnodes",
+            format!("must be between 1 and 1024, got {}", self.ring_vnodes),
+        );
+        check(self.ring_key_chunks >= 1, "ring_key_chunks", "must be at least 1, got 0".into());
+        check(
+            (16..=65_536).contains(&self.chunk_bytes),
+            "chunk_bytes",
+            format!("must be between 16 and 65536, got {}", self.chunk_bytes),
+        );
+        check(
+            (1..=100_000_000).contains(&self.prefix_capacity),
+            "prefix_capacity",
+            format!("must be between 1 and 100000000, got {}", self.prefix_capacity),
+        );
+        for (name, w) in
+            [("prefix", self.weights.prefix), ("ring", self.weights.ring), ("load", self.weights.load)]
+        {
+            check(
+                w.is_finite() && w >= 0.0,
+                &format!("weights.{name}"),
+                format!("must be a finite number >= 0, got {w}"),
+            );
+        }
+        errors
+    }
+}

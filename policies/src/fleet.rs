@@ -1,0 +1,33 @@
+//! What a decision looks at: the request's features and a snapshot of the fleet.
+
+/// A replica's stable slot in the policy's state (its index in the membership list given to
+/// [`crate::Policy::set_members`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ReplicaId(pub u32);
+
+/// One replica as the gateway sees it at decision time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaView {
+    pub id: ReplicaId,
+    /// Passed health checks and not ejected.
+    pub healthy: bool,
+    /// Requests the gateway has in flight on it.
+    pub in_flight: u32,
+    /// Hard cap on in-flight requests, if configured.
+    pub max_in_flight: Option<u32>,
+}
+
+/// The replicas that may serve this request (those that serve its model), healthy or not.
+#[derive(Debug, Clone, Copy)]
+pub struct FleetView<'a> {
+    pub replicas: &'a [ReplicaView],
+}
+
+/// What routing needs to know about a request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestFeatures {
+    /// Chained hashes of the prompt's full prefix chunks (text mode).
+    pub prefix_chunks: Vec<u64>,
+    /// Key of the cold-prefix owner on the consistent-hash ring.
+    pub ring_key: u64,
+}

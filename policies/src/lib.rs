@@ -1,0 +1,16 @@
+//! Pure routing decisions: request features and a fleet view in, a ranked list of replicas with
+//! a per-signal breakdown out. No I/O, no clocks, no async: the gateway and the fleet simulator
+//! call the same code.
+
+pub mod config;
+mod fleet;
+mod lru;
+mod prefix_index;
+mod ring;
+mod select;
+
+pub use config::{PolicyConfig, Weights};
+pub use fleet::{FleetView, ReplicaId, ReplicaView, RequestFeatures};
+pub use prefix_index::ApproxPrefixIndex;
+pub use ring::HashRing;
+pub use select::{Candidate, Decision, Policy, Signals};

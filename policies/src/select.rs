@@ -1,0 +1,279 @@
+//! Selection: filter, score, rank.
+
+use crate::{ApproxPrefixIndex, FleetView, HashRing, PolicyConfig, ReplicaId, RequestFeatures};
+use serde::Serialize;
+
+/// Normalised signal values, each in [0, 1], before weighting.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Signals {
+    pub prefix: f64,
+    pub ring: f64,
+    pub load: f64,
+}
+
+/// One ranked replica and why it got its score.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Candidate {
+    #[serde(skip)]
+    pub replica: ReplicaId,
+    pub total: f64,
+    pub signals: Signals,
+    /// Position of the replica's first point clockwise from the request's ring key: the
+    /// tie-breaker, so that every gateway replica breaks ties alike.
+    pub ring_rank: u32,
+    /// At or over the load bound (or its own cap): prefix stickiness is suspended.
+    pub saturated: bool,
+    pub in_flight: u32,
+}
+
+/// The outcome of one selection: healthy candidates, best first.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Decision {
+    pub ranked: Vec<Candidate>,
+    /// The bounded-load cap in force for this decision.
+    pub load_bound: u32,
+}
+
+/// The routing policy and the state it learns (text-mode prefix index, ring).
+#[derive(Debug, Clone)]
+pub struct Policy {
+    config: PolicyConfig,
+    ring: HashRing,
+    prefix: ApproxPrefixIndex,
+    members: Vec<(ReplicaId, String)>,
+}
+
+const UNRANKED: u32 = u32::MAX;
+
+impl Policy {
+    pub fn new(config: PolicyConfig) -> Self {
+        let prefix = ApproxPrefixIndex::new(config.prefix_capacity);
+        Policy { config, ring: HashRing::default(), prefix, members: Vec::new() }
+    }
+
+    pub fn config(&self) -> &PolicyConfig {
+        &self.config
+    }
+
+    /// Applies new settings; learned prefixes are kept unless the capacity changed.
+    pub fn set_config(&mut self, config: PolicyConfig) {
+        let rebuild_ring = config.ring_vnodes != self.config.ring_vnodes;
+        if config.prefix_capacity != self.config.prefix_capacity
+            || config.chunk_bytes != self.config.chunk_bytes
+        {
+            self.prefix = ApproxPrefixIndex::new(config.prefix_capacity);
+        }
+        self.config = config;
+        if rebuild_ring {
+            self.rebuild_ring();
+        }
+    }
+
+    /// Sets the fleet membership: each replica's slot and its stable name (which places it on
+    /// the ring). Slots no longer present lose what the index learned about them.
+    pub fn set_members(&mut self, members: &[(ReplicaId, &str)]) {
+        for (old, _) in &self.members {
+            if !members.iter().any(|(id, _)| id == old) {
+                self.prefix.clear_replica(*old);
+            }
+        }
+        self.members = members.iter().map(|&(id, name)| (id, name.to_string())).collect();
+        self.rebuild_ring();
+    }
+
+    /// Forgets the prefixes a replica was believed to hold (it restarted).
+    pub fn forget(&mut self, replica: ReplicaId) {
+        self.prefix.clear_replica(replica);
+    }
+
+    /// Learns that `replica` was sent this request's prefix.
+    pub fn record(&mut self, replica: ReplicaId, features: &RequestFeatures) {
+        self.prefix.insert(replica, &features.prefix_chunks);
+    }
+
+    pub fn prefix_index(&self) -> &ApproxPrefixIndex {
+        &self.prefix
+    }
+
+    fn rebuild_ring(&mut self) {
+        self.ring = HashRing::new(
+            self.members.iter().map(|(id, name)| (*id, name.as_str())),
+            self.config.ring_vnodes,
+        );
+    }
+
+    /// Ranks the healthy replicas of `fleet` for a request.
+    pub fn select(&self, features: &RequestFeatures, fleet: FleetView<'_>) -> Decision {
+        let healthy = fleet.replicas.iter().filter(|r| r.healthy);
+        let (count, total_load, max_load) = healthy
+            .clone()
+            .fold((0u64, 0u64, 0u32), |(n, sum, max), r| {
+                (n + 1, sum + u64::from(r.in_flight), max.max(r.in_flight))
+            });
+        if count == 0 {
+            return Decision::default();
+        }
+        let bound = ((self.config.load_factor * (total_load + 1) as f64) / count as f64).ceil();
+        let load_bound = (bound as u32).max(1);
+        let saturated = |in_flight: u32, cap: Option<u32>| {
+            in_flight >= load_bound || cap.is_some_and(|c| in_flight >= c)
+        };
+
+        // Ring order of the candidates, and the bounded-load owner: the first healthy,
+        // unsaturated replica clockwise from the key.
+        let slot_count =
+            fleet.replicas.iter().map(|r| r.id.0 as usize + 1).max().unwrap_or_default();
+        let mut position = vec![UNRANKED; slot_count];
+        for (i, r) in fleet.replicas.iter().enumerate() {
+            position[r.id.0 as usize] = i as u32;
+        }
+        let mut rank = vec![UNRANKED; fleet.replicas.len()];
+        let mut next_rank = 0u32;
+        let mut owner = None;
+        for id in self.ring.walk(features.ring_key) {
+            let Some(&pos) = position.get(id.0 as usize) else { continue };
+            if pos == UNRANKED || rank[pos as usize] != UNRANKED {
+                continue;
+            }
+            rank[pos as usize] = next_rank;
+            next_rank += 1;
+            let r = &fleet.replicas[pos as usize];
+            if owner.is_none() && r.healthy && !saturated(r.in_flight, r.max_in_flight) {
+                owner = Some(r.id);
+            }
+            if next_rank as usize == fleet.replicas.len() {
+                break;
+            }
+        }
+
+        let chunks = features.prefix_chunks.len();
+        let overlaps = if chunks == 0 { Vec::new() } else { self.prefix.overlaps(&features.prefix_chunks) };
+        let w = &self.config.weights;
+        let mut ranked: Vec<Candidate> = fleet
+            .replicas
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.healthy)
+            .map(|(i, r)| {
+                let is_saturated = saturated(r.in_flight, r.max_in_flight);
+                let matched = overlaps.iter().find(|(id, _)| *id == r.id).map_or(0, |o| o.1);
+                let signals = Signals {
+                    prefix: if is_saturated { 0.0 } else { matched as f64 / chunks.max(1) as f64 },
+                    ring: if owner == Some(r.id) { 1.0 } else { 0.0 },
+                    load: 1.0 - f64::from(r.in_flight) / (f64::from(max_load) + 1.0),
+                };
+                Candidate {
+                    replica: r.id,
+                    total: w.prefix * signals.prefix + w.ring * signals.ring + w.load * signals.load,
+                    signals,
+                    ring_rank: rank[i],
+                    saturated: is_saturated,
+                    in_flight: r.in_flight,
+                }
+            })
+            .collect();
+        ranked.sort_by(|a, b| b.total.total_cmp(&a.total).then(a.ring_rank.cmp(&b.ring_rank)));
+        Decision { ranked, load_bound }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ReplicaView;
+    use proptest::prelude::*;
+
+    fn policy(n: u32) -> Policy {
+        let mut p = Policy::new(PolicyConfig::default());
+        let names: Vec<String> = (0..n).map(|i| format!("http://replica-{i}")).collect();
+        let members: Vec<(ReplicaId, &str)> =
+            names.iter().enumerate().map(|(i, s)| (ReplicaId(i as u32), s.as_str())).collect();
+        p.set_members(&members);
+        p
+    }
+
+    fn view(loads: &[u32]) -> Vec<ReplicaView> {
+        loads
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| ReplicaView { id: ReplicaId(i as u32), healthy: true, in_flight: l, max_in_flight: None })
+            .collect()
+    }
+
+    fn features(key: u64, chunks: &[u64]) -> RequestFeatures {
+        RequestFeatures { prefix_chunks: chunks.to_vec(), ring_key: key }
+    }
+
+    #[test]
+    fn cold_prefix_goes_to_the_ring_owner_and_warm_prefix_sticks() {
+        let mut p = policy(4);
+        let fleet = view(&[0, 0, 0, 0]);
+        let f = features(12345, &[1, 2, 3]);
+        let first = p.select(&f, FleetView { replicas: &fleet });
+        let owner = first.ranked[0].replica;
+        assert_eq!(first.ranked[0].signals.ring, 1.0);
+        p.record(owner, &f);
+        // Same prefix, different ring key (e.g. a different suffix): the prefix holder wins.
+        let again = p.select(&features(999, &[1, 2, 3, 4]), FleetView { replicas: &fleet });
+        assert_eq!(again.ranked[0].replica, owner);
+        assert_eq!(again.ranked[0].signals.prefix, 0.75);
+    }
+
+    #[test]
+    fn saturated_holder_yields_its_prefix() {
+        let mut p = policy(3);
+        let f = features(7, &[1, 2]);
+        let idle = view(&[0, 0, 0]);
+        let owner = p.select(&f, FleetView { replicas: &idle }).ranked[0].replica;
+        p.record(owner, &f);
+        let mut loads = [0u32; 3];
+        loads[owner.0 as usize] = 5; // bound = ceil(1.25 * 6 / 3) = 3
+        let busy = view(&loads);
+        let d = p.select(&f, FleetView { replicas: &busy });
+        assert_eq!(d.load_bound, 3);
+        assert_ne!(d.ranked[0].replica, owner);
+        let held = d.ranked.iter().find(|c| c.replica == owner).unwrap();
+        assert!(held.saturated && held.signals.prefix == 0.0);
+    }
+
+    #[test]
+    fn unhealthy_replicas_are_filtered_and_an_empty_fleet_ranks_nothing() {
+        let p = policy(2);
+        let mut fleet = view(&[0, 0]);
+        fleet[0].healthy = false;
+        let d = p.select(&features(1, &[]), FleetView { replicas: &fleet });
+        assert_eq!(d.ranked.iter().map(|c| c.replica).collect::<Vec<_>>(), vec![ReplicaId(1)]);
+        fleet[1].healthy = false;
+        assert!(p.select(&features(1, &[]), FleetView { replicas: &fleet }).ranked.is_empty());
+    }
+
+    proptest! {
+        /// Bounded load: routing each new request to the top candidate and counting it
+        /// in flight never pushes a replica past ceil(c * total / n).
+        #[test]
+        fn bounded_load_holds_for_cold_prefixes(keys in prop::collection::vec(any::<u64>(), 1..200), n in 1u32..9) {
+            let p = policy(n);
+            let mut loads = vec![0u32; n as usize];
+            for (k, key) in keys.iter().enumerate() {
+                let fleet = view(&loads);
+                let d = p.select(&features(*key, &[]), FleetView { replicas: &fleet });
+                let pick = d.ranked[0].replica.0 as usize;
+                loads[pick] += 1;
+                let cap = (1.25 * (k + 1) as f64 / f64::from(n)).ceil() as u32;
+                prop_assert!(loads[pick] <= cap.max(1), "load {} over cap {}", loads[pick], cap);
+            }
+        }
+
+        #[test]
+        fn ranking_is_deterministic_and_complete(key in any::<u64>(), loads in prop::collection::vec(0u32..10, 1..12)) {
+            let p = policy(loads.len() as u32);
+            let fleet = view(&loads);
+            let a = p.select(&features(key, &[]), FleetView { replicas: &fleet });
+            let b = p.select(&features(key, &[]), FleetView { replicas: &fleet });
+            prop_assert_eq!(&a, &b);
+            let mut ranks: Vec<u32> = a.ranked.iter().map(|c| c.ring_rank).collect();
+            ranks.sort();
+            prop_assert_eq!(ranks, (0..loads.len() as u32).collect::<Vec<_>>());
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! Prefix identity.
+//!
+//! A prompt is cut into full blocks (of token ids, or of bytes in text mode). Block `i`'s hash is
+//! xxh3-64 over the block's little-endian contents, seeded with block `i - 1`'s hash; block 0 is
+//! seeded with a [`HashSeed`] derived from the model, the adapter and a salt. So two prompts
+//! share a hash at position `i` exactly when they share blocks `0..=i` (up to 64-bit
+//! collisions), and changing any block changes every later hash. A trailing partial block has
+//! no hash: only full blocks can be cached and shared.
+
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+
+/// The seed of a hash chain: prompts only share blocks within one (model, adapter, salt).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HashSeed(pub u64);
+
+impl HashSeed {
+    /// Derives the seed from its parts. Each part is length-prefixed, so ("ab", "c") and
+    /// ("a", "bc") give different seeds.
+    pub fn new(model: &str, adapter: Option<&str>, salt: &str) -> Self {
+        let adapter = adapter.unwrap_or("");
+        let mut bytes = Vec::with_capacity(model.len() + adapter.len() + salt.len() + 24);
+        for part in [model, adapter, salt] {
+            bytes.extend_from_slice(&(part.len() as u64).to_le_bytes());
+            bytes.extend_from_slice(part.as_bytes());
+        }
+        HashSeed(xxh3_64(&bytes))
+    }
+}
+
+/// Hashes of the full `block_size`-token blocks of `tokens` (token mode).
+/// `block_size` of zero yields no blocks.
+pub fn block_hashes(seed: HashSeed, tokens: &[u32], block_size: usize) -> Vec<u64> {
+    if block_size == 0 {
+        return Vec::new();
+    }
+    let mut buf = Vec::with_capacity(block_size * 4);
+    let mut prev = seed.0;
+    tokens
+        .chunks_exact(block_size)
+        .map(|block| {
+            buf.clear();
+            for t in block {
+                buf.extend_from_slice(&t.to_le_bytes());
+            }
+            prev = xxh3_64_with_seed(&buf, prev);
+            prev
+        })
+        .collect()
+}
+
+/// Hashes of the full `chunk_bytes`-byte chunks of `text` (text mode, for engines whose token
+/// hashes we cannot reproduce). `chunk_bytes` of zero yields no chunks.
+pub fn text_chunk_hashes(seed: HashSeed, text: &[u8], chunk_bytes: usize) -> Vec<u64> {
+    if chunk_bytes == 0 {
+        return Vec::new();
+    }
+    let mut prev = seed.0;
+    text.chunks_exact(chunk_bytes)
+        .map(|chunk| {
+            prev = xxh3_64_with_seed(chunk, prev);
+            prev
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const SEED: HashSeed = HashSeed(7);
+
+    #[test]
+    fn only_full_blocks_are_hashed() {
+        assert_eq!(block_hashes(SEED, &[1; 33], 16).len(), 2);
+        assert!(block_hashes(SEED, &[1; 15], 16).is_empty());
+        assert!(block_hashes(SEED, &[1; 15], 0).is_empty());
+        assert_eq!(text_chunk_hashes(SEED, &[0; 512], 256).len(), 2);
+    }
+
+    #[test]
+    fn seed_separates_models_adapters_and_salts() {
+        let a = HashSeed::new("m", None, "");
+        assert_ne!(a, HashSeed::new("m", Some("lora"), ""));
+        assert_ne!(a, HashSeed::new("m2", None, ""));
+        assert_ne!(a, HashSeed::new("m", None, "salt"));
+        assert_ne!(HashSeed::new("ab", Some("c"), ""), HashSeed::new("a", Some("bc"), ""));
+        assert_eq!(a, HashSeed::new("m", Some(""), ""));
+    }
+
+    proptest! {
+        #[test]
+        fn equal_prefixes_give_equal_chains(
+            prefix in prop::collection::vec(any::<u32>(), 0..200),
+            a in prop::collection::vec(any::<u32>(), 0..100),
+            b in prop::collection::vec(any::<u32>(), 0..100),
+            block in 1usize..20,
+        ) {
+            let ha = block_hashes(SEED, &[prefix.clone(), a].concat(), block);
+            let hb = block_hashes(SEED, &[prefix.clone(), b].concat(), block);
+            let shared = prefix.len() / block;
+            prop_assert_eq!(&ha[..shared], &hb[..shared]);
+        }
+
+        #[test]
+        fn a_change_in_a_block_changes_every_later_hash(
+            tokens in prop::collection::vec(any::<u32>(), 16..400),
+            at in any::<prop::sample::Index>(),
+            delta in 1u32..,
+            block in 1usize..16,
+        ) {
+            let mut changed = tokens.clone();
+            let i = at.index(tokens.len());
+            changed[i] = changed[i].wrapping_add(delta);
+            let before = block_hashes(SEED, &tokens, block);
+            let after = block_hashes(SEED, &changed, block);
+            let first_changed = i / block;
+            for (k, (x, y)) in before.iter().zip(&after).enumerate() {
+                if k < first_changed {
+                    prop_assert_eq!(x, y);
+                } else {
+                    prop_assert_ne!(x, y);
+                }
+            }
+        }
+
+        #[test]
+        fn text_chunks_follow_the_same_rules(
+            prefix in prop::collection::vec(any::<u8>(), 0..600),
+            tail in prop::collection::vec(any::<u8>(), 0..300),
+            at in any::<prop::sample::Index>(),
+        ) {
+            let text = [prefix.clone(), tail].concat();
+            let base = text_chunk_hashes(SEED, &text, 64);
+            prop_assert_eq!(&base[..prefix.len() / 64], &text_chunk_hashes(SEED, &prefix, 64)[..]);
+            if !text.is_empty() {
+                let mut changed = text.clone();
+                let i = at.index(text.len());
+                changed[i] ^= 0x5a;
+                let after = text_chunk_hashes(SEED, &changed, 64);
+                for k in (i / 64)..base.len() {
+                    prop_assert_ne!(base[k], after[k]);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,10 @@
+//! Wire contracts shared by every kvgate process: the OpenAI-compatible request, response and
+//! streaming types, OpenAI-style error bodies, and the prefix hashes that let the gateway and
+//! the workers name the same KV blocks.
+
+pub mod error;
+pub mod hash;
+pub mod openai;
+
+pub use error::{ApiError, ErrorBody, ErrorKind};
+pub use hash::{block_hashes, text_chunk_hashes, HashSeed};

@@ -1,0 +1,313 @@
+//! OpenAI-compatible request, response and streaming types (the fields kvgate and common load
+//! generators use). Unknown request fields are ignored, as OpenAI-compatible servers do, so a
+//! client's extensions pass through the gateway untouched.
+
+use serde::{Deserialize, Serialize};
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletionRequest {
+    pub model: String,
+    pub messages: Vec<ChatMessage>,
+    #[serde(flatten)]
+    pub options: GenerationOptions,
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompletionRequest {
+    pub model: String,
+    pub prompt: Prompt,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub echo: bool,
+    #[serde(flatten)]
+    pub options: GenerationOptions,
+}
+
+/// Sampling and streaming options shared by both endpoints.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GenerationOptions {
+    #[serde(default)]
+    pub stream: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_completion_tokens: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Stop>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ignore_eos: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<u32>,
+}
+
+impl GenerationOptions {
+    /// The output limit: `max_completion_tokens` (newer name) wins over `max_tokens`.
+    pub fn max_output_tokens(&self) -> Option<u32> {
+        self.max_completion_tokens.or(self.max_tokens)
+    }
+
+    /// Whether a streamed response should end with a usage chunk.
+    pub fn include_usage(&self) -> bool {
+        self.stream_options.as_ref().is_some_and(|o| o.include_usage)
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// `stop`: one string or several.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Stop {
+    pub fn as_slice(&self) -> &[String] {
+        match self {
+            Stop::One(s) => std::slice::from_ref(s),
+            Stop::Many(v) => v,
+        }
+    }
+}
+
+/// `prompt`: a string, a list of strings, token ids, or a list of token-id lists.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<MessageContent>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// Message content: a string, or a list of typed parts of which kvgate reads the text ones.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+impl MessageContent {
+    /// The text of the content, parts joined without separators.
+    pub fn text(&self) -> String {
+        match self {
+            MessageContent::Text(s) => s.clone(),
+            MessageContent::Parts(parts) => {
+                parts.iter().filter_map(|p| p.text.as_deref()).collect::<Vec<_>>().concat()
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub total_tokens: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+impl Usage {
+    pub fn new(prompt_tokens: u32, completion_tokens: u32, cached_tokens: u32) -> Self {
+        Usage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: Some(PromptTokensDetails { cached_tokens }),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletionResponse {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatChoice {
+    pub index: u32,
+    pub message: AssistantMessage,
+    pub finish_reason: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AssistantMessage {
+    pub role: String,
+    pub content: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletionChunk {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChunkChoice>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatChunkChoice {
+    pub index: u32,
+    pub delta: ChatDelta,
+    pub finish_reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatDelta {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompletionResponse {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChoice>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompletionChoice {
+    pub index: u32,
+    pub text: String,
+    pub finish_reason: Option<String>,
+}
+
+/// `GET /v1/models`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelList {
+    pub object: String,
+    pub data: Vec<ModelCard>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelCard {
+    pub id: String,
+    pub object: String,
+    #[serde(default)]
+    pub created: u64,
+    #[serde(default)]
+    pub owned_by: String,
+}
+
+impl ModelList {
+    pub fn new(ids: impl IntoIterator<Item = String>) -> Self {
+        ModelList {
+            object: "list".into(),
+            data: ids
+                .into_iter()
+                .map(|id| ModelCard { id, object: "model".into(), created: 0, owned_by: "kvgate".into() })
+                .collect(),
+        }
+    }
+}
+
+/// One server-sent event carrying `data`.
+pub fn sse_event(data: &str) -> String {
+    format!("data: {data}\n\n")
+}
+
+/// The event that ends an OpenAI stream.
+pub const SSE_DONE: &str = "data: [DONE]\n\n";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_fields_load_generators_send() {
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],
+            "stream":true,"stream_options":{"include_usage":true},"max_completion_tokens":7,
+            "ignore_eos":true,"seed":3,"stop":["x","y"],"user":"u","unknown_field":1}"#;
+        let r: ChatCompletionRequest = serde_json::from_str(body).unwrap();
+        assert!(r.options.stream && r.options.include_usage() && r.options.ignore_eos);
+        assert_eq!(r.options.max_output_tokens(), Some(7));
+        assert_eq!(r.options.stop.as_ref().map(Stop::as_slice), Some(&["x".into(), "y".into()][..]));
+        assert_eq!(r.messages[0].content.as_ref().map(MessageContent::text), Some("hi".into()));
+    }
+
+    #[test]
+    fn prompt_takes_every_openai_form() {
+        let parse = |p: &str| {
+            serde_json::from_str::<CompletionRequest>(&format!(r#"{{"model":"m","prompt":{p}}}"#))
+                .map(|r| r.prompt)
+        };
+        assert_eq!(parse(r#""a""#).unwrap(), Prompt::Text("a".into()));
+        assert_eq!(parse(r#"["a","b"]"#).unwrap(), Prompt::Texts(vec!["a".into(), "b".into()]));
+        assert_eq!(parse("[1,2]").unwrap(), Prompt::Tokens(vec![1, 2]));
+        assert_eq!(parse("[[1],[2]]").unwrap(), Prompt::TokenLists(vec![vec![1], vec![2]]));
+        assert!(parse("5").is_err());
+    }
+
+    #[test]
+    fn content_parts_join_their_text() {
+        let m: ChatMessage = serde_json::from_str(
+            r#"{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url"},{"type":"text","text":"b"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(m.content.map(|c| c.text()), Some("ab".into()));
+    }
+
+    #[test]
+    fn usage_reports_cached_tokens() {
+        let v = serde_json::to_value(Usage::new(10, 5, 8)).unwrap();
+        assert_eq!(v["total_tokens"], 15);
+        assert_eq!(v["prompt_tokens_details"]["cached_tokens"], 8);
+    }
+}
