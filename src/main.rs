@@ -1,1 +1,144 @@
-fn main() {}
+//! The `kvgate` command line: thin wrappers around the crates.
+
+use clap::{Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+#[derive(Parser)]
+#[command(
+    name = "kvgate",
+    version,
+    about = "KV-cache- and prefix-aware inference gateway for LLM fleets"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway (SIGHUP reloads the config; SIGINT stops at once, SIGTERM gracefully).
+    Gateway {
+        #[arg(long)]
+        config: PathBuf,
+        /// Overrides the config's `listen`.
+        #[arg(long)]
+        listen: Option<String>,
+    },
+    /// Validate a gateway config file and report every error with its YAML path.
+    CheckConfig { file: PathBuf },
+    /// Run a fault-injection OpenAI-compatible worker (for testing the gateway; it echoes the
+    /// prompt instead of running a model).
+    FaultWorker {
+        #[arg(long, default_value = "127.0.0.1")]
+        host: std::net::IpAddr,
+        #[arg(long)]
+        port: u16,
+        /// Replica id reported in `x-worker-id` (default: `worker-PORT`).
+        #[arg(long)]
+        id: Option<String>,
+        #[arg(long, default_value = "test-model")]
+        model: String,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long, default_value_t = 0)]
+        first_token_delay_ms: u64,
+        #[arg(long, default_value_t = 0)]
+        token_delay_ms: u64,
+        #[arg(long, default_value_t = 0.0)]
+        error_rate: f64,
+        #[arg(long, default_value_t = 503)]
+        error_status: u16,
+        #[arg(long, default_value_t = 0.0)]
+        hang_rate: f64,
+        #[arg(long, default_value_t = 0.0)]
+        disconnect_rate: f64,
+        #[arg(long, default_value_t = 2)]
+        disconnect_after: u32,
+    },
+}
+
+fn main() -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("KVGATE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse().command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("kvgate: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> Result<(), String> {
+    match command {
+        Command::Gateway { config, listen } => {
+            kvgate_router::run(&config, listen).map_err(|e| e.to_string())
+        }
+        Command::CheckConfig { file } => match kvgate_router::check_config(&file) {
+            Ok(config) => {
+                println!(
+                    "{}: ok ({} replicas)",
+                    file.display(),
+                    config.replicas.len()
+                );
+                Ok(())
+            }
+            Err(errors) => {
+                for e in &errors {
+                    println!("{}: {e}", file.display());
+                }
+                Err(format!("{}: {} error(s)", file.display(), errors.len()))
+            }
+        },
+        Command::FaultWorker {
+            host,
+            port,
+            id,
+            model,
+            seed,
+            first_token_delay_ms,
+            token_delay_ms,
+            error_rate,
+            error_status,
+            hang_rate,
+            disconnect_rate,
+            disconnect_after,
+        } => {
+            let faults = kvgate_testkit::Faults {
+                first_token_delay_ms,
+                token_delay_ms,
+                error_rate,
+                error_status,
+                hang_rate,
+                disconnect_rate,
+                disconnect_after,
+                healthy: true,
+            };
+            let config = kvgate_testkit::WorkerConfig {
+                addr: SocketAddr::new(host, port),
+                id: id.unwrap_or_else(|| format!("worker-{port}")),
+                model,
+                seed,
+                faults,
+            };
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            runtime
+                .block_on(kvgate_testkit::serve(config))
+                .map_err(|e| e.to_string())
+        }
+    }
+}

@@ -12,7 +12,10 @@ const CHUNKS_PER_PROMPT: usize = 16;
 fn prompt(i: usize) -> RequestFeatures {
     let text = format!("{i:>8}").repeat(CHUNKS_PER_PROMPT * 256 / 8);
     let chunks = text_chunk_hashes(HashSeed::new("bench", None, ""), text.as_bytes(), 256);
-    RequestFeatures { ring_key: chunks[0], prefix_chunks: chunks }
+    RequestFeatures {
+        ring_key: chunks[0],
+        prefix_chunks: chunks,
+    }
 }
 
 fn setup(replicas: u32) -> (Policy, Vec<ReplicaView>, Vec<RequestFeatures>) {
@@ -21,16 +24,28 @@ fn setup(replicas: u32) -> (Policy, Vec<ReplicaView>, Vec<RequestFeatures>) {
         ..PolicyConfig::default()
     };
     let mut policy = Policy::new(config);
-    let names: Vec<String> = (0..replicas).map(|i| format!("http://10.0.{}.{}:8000", i / 256, i % 256)).collect();
-    let members: Vec<(ReplicaId, &str)> =
-        names.iter().enumerate().map(|(i, n)| (ReplicaId(i as u32), n.as_str())).collect();
+    let names: Vec<String> = (0..replicas)
+        .map(|i| format!("http://10.0.{}.{}:8000", i / 256, i % 256))
+        .collect();
+    let members: Vec<(ReplicaId, &str)> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (ReplicaId(i as u32), n.as_str()))
+        .collect();
     policy.set_members(&members);
-    let prompts: Vec<RequestFeatures> = (0..INDEXED_CHUNKS / CHUNKS_PER_PROMPT).map(prompt).collect();
+    let prompts: Vec<RequestFeatures> = (0..INDEXED_CHUNKS / CHUNKS_PER_PROMPT)
+        .map(prompt)
+        .collect();
     for (i, p) in prompts.iter().enumerate() {
         policy.record(ReplicaId(i as u32 % replicas), p);
     }
     let fleet = (0..replicas)
-        .map(|i| ReplicaView { id: ReplicaId(i), healthy: true, in_flight: i % 7, max_in_flight: None })
+        .map(|i| ReplicaView {
+            id: ReplicaId(i),
+            healthy: true,
+            in_flight: i % 7,
+            max_in_flight: None,
+        })
         .collect();
     (policy, fleet, prompts)
 }
@@ -41,16 +56,22 @@ fn bench_select(c: &mut Criterion) {
         let (policy, fleet, prompts) = setup(replicas);
         assert!(policy.prefix_index().len() >= INDEXED_CHUNKS - CHUNKS_PER_PROMPT);
         let mut i = 0usize;
-        group.bench_with_input(BenchmarkId::new("warm_prefix", replicas), &replicas, |b, _| {
-            b.iter(|| {
-                i = (i + 7919) % prompts.len();
-                black_box(policy.select(&prompts[i], FleetView { replicas: &fleet }))
-            })
-        });
+        group.bench_with_input(
+            BenchmarkId::new("warm_prefix", replicas),
+            &replicas,
+            |b, _| {
+                b.iter(|| {
+                    i = (i + 7919) % prompts.len();
+                    black_box(policy.select(&prompts[i], FleetView { replicas: &fleet }))
+                })
+            },
+        );
         let cold = prompt(INDEXED_CHUNKS);
-        group.bench_with_input(BenchmarkId::new("cold_prefix", replicas), &replicas, |b, _| {
-            b.iter(|| black_box(policy.select(&cold, FleetView { replicas: &fleet })))
-        });
+        group.bench_with_input(
+            BenchmarkId::new("cold_prefix", replicas),
+            &replicas,
+            |b, _| b.iter(|| black_box(policy.select(&cold, FleetView { replicas: &fleet }))),
+        );
     }
     group.finish();
 }

@@ -49,7 +49,11 @@ pub struct Weights {
 
 impl Default for Weights {
     fn default() -> Self {
-        Weights { prefix: 3.0, ring: 1.0, load: 1.0 }
+        Weights {
+            prefix: 3.0,
+            ring: 1.0,
+            load: 1.0,
+        }
     }
 }
 
@@ -72,7 +76,11 @@ impl PolicyConfig {
             "ring_vnodes",
             format!("must be between 1 and 1024, got {}", self.ring_vnodes),
         );
-        check(self.ring_key_chunks >= 1, "ring_key_chunks", "must be at least 1, got 0".into());
+        check(
+            self.ring_key_chunks >= 1,
+            "ring_key_chunks",
+            "must be at least 1, got 0".into(),
+        );
         check(
             (16..=65_536).contains(&self.chunk_bytes),
             "chunk_bytes",
@@ -81,11 +89,16 @@ impl PolicyConfig {
         check(
             (1..=100_000_000).contains(&self.prefix_capacity),
             "prefix_capacity",
-            format!("must be between 1 and 100000000, got {}", self.prefix_capacity),
+            format!(
+                "must be between 1 and 100000000, got {}",
+                self.prefix_capacity
+            ),
         );
-        for (name, w) in
-            [("prefix", self.weights.prefix), ("ring", self.weights.ring), ("load", self.weights.load)]
-        {
+        for (name, w) in [
+            ("prefix", self.weights.prefix),
+            ("ring", self.weights.ring),
+            ("load", self.weights.load),
+        ] {
             check(
                 w.is_finite() && w >= 0.0,
                 &format!("weights.{name}"),

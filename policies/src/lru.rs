@@ -51,7 +51,11 @@ impl LruSet {
         }
         if self.map.len() < self.capacity {
             let idx = self.nodes.len() as u32;
-            self.nodes.push(Node { key, prev: NIL, next: NIL });
+            self.nodes.push(Node {
+                key,
+                prev: NIL,
+                next: NIL,
+            });
             self.map.insert(key, idx);
             self.push_front(idx);
             return None;

@@ -17,7 +17,11 @@ pub struct ApproxPrefixIndex {
 
 impl ApproxPrefixIndex {
     pub fn new(capacity: usize) -> Self {
-        ApproxPrefixIndex { capacity, holders: HashMap::new(), per_replica: Vec::new() }
+        ApproxPrefixIndex {
+            capacity,
+            holders: HashMap::new(),
+            per_replica: Vec::new(),
+        }
     }
 
     /// Number of (replica, chunk) entries held.
@@ -33,7 +37,8 @@ impl ApproxPrefixIndex {
     pub fn insert(&mut self, replica: ReplicaId, chunks: &[u64]) {
         let slot = replica.0 as usize;
         if self.per_replica.len() <= slot {
-            self.per_replica.resize_with(slot + 1, || LruSet::new(self.capacity));
+            self.per_replica
+                .resize_with(slot + 1, || LruSet::new(self.capacity));
         }
         for &chunk in chunks {
             let newly_held = !self.per_replica[slot].contains(chunk);
@@ -48,7 +53,9 @@ impl ApproxPrefixIndex {
 
     /// Forgets everything `replica` held (it restarted or left the fleet).
     pub fn clear_replica(&mut self, replica: ReplicaId) {
-        let Some(lru) = self.per_replica.get_mut(replica.0 as usize) else { return };
+        let Some(lru) = self.per_replica.get_mut(replica.0 as usize) else {
+            return;
+        };
         let old = std::mem::replace(lru, LruSet::new(self.capacity));
         for chunk in old.keys() {
             self.remove_holder(chunk, replica);
@@ -59,7 +66,9 @@ impl ApproxPrefixIndex {
     pub fn overlaps(&self, chunks: &[u64]) -> Vec<(ReplicaId, usize)> {
         let mut matched: Vec<(ReplicaId, usize)> = Vec::new();
         for (i, chunk) in chunks.iter().enumerate() {
-            let Some(holders) = self.holders.get(chunk) else { break };
+            let Some(holders) = self.holders.get(chunk) else {
+                break;
+            };
             if i == 0 {
                 matched.extend(holders.iter().map(|&r| (r, 1)));
             } else {
@@ -103,7 +112,10 @@ mod tests {
         let mut o = idx.overlaps(&[1, 2, 3, 4]);
         o.sort();
         assert_eq!(o, vec![(A, 3), (B, 1)]);
-        assert!(idx.overlaps(&[7, 2, 3]).is_empty(), "a miss on the first chunk ends the run");
+        assert!(
+            idx.overlaps(&[7, 2, 3]).is_empty(),
+            "a miss on the first chunk ends the run"
+        );
     }
 
     #[test]

@@ -29,7 +29,10 @@ impl HashRing {
     /// Ring points clockwise from `key`, wrapping once around (replicas repeat).
     pub fn walk(&self, key: u64) -> impl Iterator<Item = ReplicaId> + '_ {
         let start = self.points.partition_point(|&(pos, _)| pos < key);
-        self.points[start..].iter().chain(&self.points[..start]).map(|&(_, id)| id)
+        self.points[start..]
+            .iter()
+            .chain(&self.points[..start])
+            .map(|&(_, id)| id)
     }
 }
 
@@ -50,8 +53,21 @@ mod tests {
     #[test]
     fn adding_a_member_moves_only_its_share_of_keys() {
         let names: Vec<String> = (0..8).map(|i| format!("r{i}")).collect();
-        let before = HashRing::new(names.iter().take(7).enumerate().map(|(i, n)| (ReplicaId(i as u32), n.as_str())), 40);
-        let after = HashRing::new(names.iter().enumerate().map(|(i, n)| (ReplicaId(i as u32), n.as_str())), 40);
+        let before = HashRing::new(
+            names
+                .iter()
+                .take(7)
+                .enumerate()
+                .map(|(i, n)| (ReplicaId(i as u32), n.as_str())),
+            40,
+        );
+        let after = HashRing::new(
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (ReplicaId(i as u32), n.as_str())),
+            40,
+        );
         let keys = 10_000u64;
         let moved = (0..keys)
             .map(|k| xxh3_64_with_seed(&k.to_le_bytes(), 1))

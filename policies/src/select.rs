@@ -48,7 +48,12 @@ const UNRANKED: u32 = u32::MAX;
 impl Policy {
     pub fn new(config: PolicyConfig) -> Self {
         let prefix = ApproxPrefixIndex::new(config.prefix_capacity);
-        Policy { config, ring: HashRing::default(), prefix, members: Vec::new() }
+        Policy {
+            config,
+            ring: HashRing::default(),
+            prefix,
+            members: Vec::new(),
+        }
     }
 
     pub fn config(&self) -> &PolicyConfig {
@@ -77,7 +82,10 @@ impl Policy {
                 self.prefix.clear_replica(*old);
             }
         }
-        self.members = members.iter().map(|&(id, name)| (id, name.to_string())).collect();
+        self.members = members
+            .iter()
+            .map(|&(id, name)| (id, name.to_string()))
+            .collect();
         self.rebuild_ring();
     }
 
@@ -121,8 +129,12 @@ impl Policy {
 
         // Ring order of the candidates, and the bounded-load owner: the first healthy,
         // unsaturated replica clockwise from the key.
-        let slot_count =
-            fleet.replicas.iter().map(|r| r.id.0 as usize + 1).max().unwrap_or_default();
+        let slot_count = fleet
+            .replicas
+            .iter()
+            .map(|r| r.id.0 as usize + 1)
+            .max()
+            .unwrap_or_default();
         let mut position = vec![UNRANKED; slot_count];
         for (i, r) in fleet.replicas.iter().enumerate() {
             position[r.id.0 as usize] = i as u32;
@@ -131,7 +143,9 @@ impl Policy {
         let mut next_rank = 0u32;
         let mut owner = None;
         for id in self.ring.walk(features.ring_key) {
-            let Some(&pos) = position.get(id.0 as usize) else { continue };
+            let Some(&pos) = position.get(id.0 as usize) else {
+                continue;
+            };
             if pos == UNRANKED || rank[pos as usize] != UNRANKED {
                 continue;
             }
@@ -147,7 +161,11 @@ impl Policy {
         }
 
         let chunks = features.prefix_chunks.len();
-        let overlaps = if chunks == 0 { Vec::new() } else { self.prefix.overlaps(&features.prefix_chunks) };
+        let overlaps = if chunks == 0 {
+            Vec::new()
+        } else {
+            self.prefix.overlaps(&features.prefix_chunks)
+        };
         let w = &self.config.weights;
         let mut ranked: Vec<Candidate> = fleet
             .replicas
@@ -156,15 +174,24 @@ impl Policy {
             .filter(|(_, r)| r.healthy)
             .map(|(i, r)| {
                 let is_saturated = saturated(r.in_flight, r.max_in_flight);
-                let matched = overlaps.iter().find(|(id, _)| *id == r.id).map_or(0, |o| o.1);
+                let matched = overlaps
+                    .iter()
+                    .find(|(id, _)| *id == r.id)
+                    .map_or(0, |o| o.1);
                 let signals = Signals {
-                    prefix: if is_saturated { 0.0 } else { matched as f64 / chunks.max(1) as f64 },
+                    prefix: if is_saturated {
+                        0.0
+                    } else {
+                        matched as f64 / chunks.max(1) as f64
+                    },
                     ring: if owner == Some(r.id) { 1.0 } else { 0.0 },
                     load: 1.0 - f64::from(r.in_flight) / (f64::from(max_load) + 1.0),
                 };
                 Candidate {
                     replica: r.id,
-                    total: w.prefix * signals.prefix + w.ring * signals.ring + w.load * signals.load,
+                    total: w.prefix * signals.prefix
+                        + w.ring * signals.ring
+                        + w.load * signals.load,
                     signals,
                     ring_rank: rank[i],
                     saturated: is_saturated,
@@ -172,7 +199,11 @@ impl Policy {
                 }
             })
             .collect();
-        ranked.sort_by(|a, b| b.total.total_cmp(&a.total).then(a.ring_rank.cmp(&b.ring_rank)));
+        ranked.sort_by(|a, b| {
+            b.total
+                .total_cmp(&a.total)
+                .then(a.ring_rank.cmp(&b.ring_rank))
+        });
         Decision { ranked, load_bound }
     }
 }
@@ -186,8 +217,11 @@ mod tests {
     fn policy(n: u32) -> Policy {
         let mut p = Policy::new(PolicyConfig::default());
         let names: Vec<String> = (0..n).map(|i| format!("http://replica-{i}")).collect();
-        let members: Vec<(ReplicaId, &str)> =
-            names.iter().enumerate().map(|(i, s)| (ReplicaId(i as u32), s.as_str())).collect();
+        let members: Vec<(ReplicaId, &str)> = names
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (ReplicaId(i as u32), s.as_str()))
+            .collect();
         p.set_members(&members);
         p
     }
@@ -196,12 +230,20 @@ mod tests {
         loads
             .iter()
             .enumerate()
-            .map(|(i, &l)| ReplicaView { id: ReplicaId(i as u32), healthy: true, in_flight: l, max_in_flight: None })
+            .map(|(i, &l)| ReplicaView {
+                id: ReplicaId(i as u32),
+                healthy: true,
+                in_flight: l,
+                max_in_flight: None,
+            })
             .collect()
     }
 
     fn features(key: u64, chunks: &[u64]) -> RequestFeatures {
-        RequestFeatures { prefix_chunks: chunks.to_vec(), ring_key: key }
+        RequestFeatures {
+            prefix_chunks: chunks.to_vec(),
+            ring_key: key,
+        }
     }
 
     #[test]
@@ -214,7 +256,10 @@ mod tests {
         assert_eq!(first.ranked[0].signals.ring, 1.0);
         p.record(owner, &f);
         // Same prefix, different ring key (e.g. a different suffix): the prefix holder wins.
-        let again = p.select(&features(999, &[1, 2, 3, 4]), FleetView { replicas: &fleet });
+        let again = p.select(
+            &features(999, &[1, 2, 3, 4]),
+            FleetView { replicas: &fleet },
+        );
         assert_eq!(again.ranked[0].replica, owner);
         assert_eq!(again.ranked[0].signals.prefix, 0.75);
     }
@@ -242,9 +287,15 @@ mod tests {
         let mut fleet = view(&[0, 0]);
         fleet[0].healthy = false;
         let d = p.select(&features(1, &[]), FleetView { replicas: &fleet });
-        assert_eq!(d.ranked.iter().map(|c| c.replica).collect::<Vec<_>>(), vec![ReplicaId(1)]);
+        assert_eq!(
+            d.ranked.iter().map(|c| c.replica).collect::<Vec<_>>(),
+            vec![ReplicaId(1)]
+        );
         fleet[1].healthy = false;
-        assert!(p.select(&features(1, &[]), FleetView { replicas: &fleet }).ranked.is_empty());
+        assert!(p
+            .select(&features(1, &[]), FleetView { replicas: &fleet })
+            .ranked
+            .is_empty());
     }
 
     proptest! {

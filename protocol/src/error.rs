@@ -59,7 +59,11 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        ApiError { kind, message: message.into(), param: None }
+        ApiError {
+            kind,
+            message: message.into(),
+            param: None,
+        }
     }
 
     pub fn with_param(mut self, param: impl Into<String>) -> Self {

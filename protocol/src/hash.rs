@@ -84,7 +84,10 @@ mod tests {
         assert_ne!(a, HashSeed::new("m", Some("lora"), ""));
         assert_ne!(a, HashSeed::new("m2", None, ""));
         assert_ne!(a, HashSeed::new("m", None, "salt"));
-        assert_ne!(HashSeed::new("ab", Some("c"), ""), HashSeed::new("a", Some("bc"), ""));
+        assert_ne!(
+            HashSeed::new("ab", Some("c"), ""),
+            HashSeed::new("a", Some("bc"), "")
+        );
         assert_eq!(a, HashSeed::new("m", Some(""), ""));
     }
 

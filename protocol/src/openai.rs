@@ -63,7 +63,9 @@ impl GenerationOptions {
 
     /// Whether a streamed response should end with a usage chunk.
     pub fn include_usage(&self) -> bool {
-        self.stream_options.as_ref().is_some_and(|o| o.include_usage)
+        self.stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage)
     }
 }
 
@@ -122,9 +124,11 @@ impl MessageContent {
     pub fn text(&self) -> String {
         match self {
             MessageContent::Text(s) => s.clone(),
-            MessageContent::Parts(parts) => {
-                parts.iter().filter_map(|p| p.text.as_deref()).collect::<Vec<_>>().concat()
-            }
+            MessageContent::Parts(parts) => parts
+                .iter()
+                .filter_map(|p| p.text.as_deref())
+                .collect::<Vec<_>>()
+                .concat(),
         }
     }
 }
@@ -252,7 +256,12 @@ impl ModelList {
             object: "list".into(),
             data: ids
                 .into_iter()
-                .map(|id| ModelCard { id, object: "model".into(), created: 0, owned_by: "kvgate".into() })
+                .map(|id| ModelCard {
+                    id,
+                    object: "model".into(),
+                    created: 0,
+                    owned_by: "kvgate".into(),
+                })
                 .collect(),
         }
     }
@@ -278,8 +287,14 @@ mod tests {
         let r: ChatCompletionRequest = serde_json::from_str(body).unwrap();
         assert!(r.options.stream && r.options.include_usage() && r.options.ignore_eos);
         assert_eq!(r.options.max_output_tokens(), Some(7));
-        assert_eq!(r.options.stop.as_ref().map(Stop::as_slice), Some(&["x".into(), "y".into()][..]));
-        assert_eq!(r.messages[0].content.as_ref().map(MessageContent::text), Some("hi".into()));
+        assert_eq!(
+            r.options.stop.as_ref().map(Stop::as_slice),
+            Some(&["x".into(), "y".into()][..])
+        );
+        assert_eq!(
+            r.messages[0].content.as_ref().map(MessageContent::text),
+            Some("hi".into())
+        );
     }
 
     #[test]
@@ -289,9 +304,15 @@ mod tests {
                 .map(|r| r.prompt)
         };
         assert_eq!(parse(r#""a""#).unwrap(), Prompt::Text("a".into()));
-        assert_eq!(parse(r#"["a","b"]"#).unwrap(), Prompt::Texts(vec!["a".into(), "b".into()]));
+        assert_eq!(
+            parse(r#"["a","b"]"#).unwrap(),
+            Prompt::Texts(vec!["a".into(), "b".into()])
+        );
         assert_eq!(parse("[1,2]").unwrap(), Prompt::Tokens(vec![1, 2]));
-        assert_eq!(parse("[[1],[2]]").unwrap(), Prompt::TokenLists(vec![vec![1], vec![2]]));
+        assert_eq!(
+            parse("[[1],[2]]").unwrap(),
+            Prompt::TokenLists(vec![vec![1], vec![2]])
+        );
         assert!(parse("5").is_err());
     }
 

@@ -1,1 +1,90 @@
+//! The kvgate gateway: an OpenAI-compatible reverse proxy on Pingora that ranks replicas with
+//! `kvgate-policies` and forwards each request's original bytes to the best one.
 
+mod admin;
+pub mod config;
+mod gateway;
+mod health;
+mod metrics;
+mod proxy;
+mod replica;
+
+pub use config::{ConfigError, GatewayConfig};
+pub use gateway::Gateway;
+
+use pingora_core::server::configuration::ServerConf;
+use pingora_core::server::Server;
+use pingora_core::services::background::background_service;
+use pingora_core::services::listening::Service;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Errors that stop the gateway from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("invalid configuration:\n{}", .0.iter().map(|e| format!("  {e}")).collect::<Vec<_>>().join("\n"))]
+    Config(Vec<ConfigError>),
+}
+
+/// Validates a config file: every error, or nothing.
+pub fn check_config(path: &Path) -> Result<GatewayConfig, Vec<ConfigError>> {
+    config::load_file(path)
+}
+
+/// Runs the gateway until the process is signalled (SIGINT: fast, SIGTERM: graceful,
+/// SIGHUP: reload the config file). Never returns on success.
+pub fn run(path: &Path, listen: Option<String>) -> Result<(), StartError> {
+    let mut config = config::load_file(path).map_err(StartError::Config)?;
+    if let Some(addr) = listen {
+        config.listen = config::Listen::One(addr);
+    }
+    let (threads, listen, admin) = (
+        config.threads,
+        config.listen.clone(),
+        config.admin_listen.clone(),
+    );
+    let gateway =
+        Arc::new(Gateway::new(config, Some(path.to_path_buf())).map_err(StartError::Config)?);
+
+    let conf = ServerConf {
+        threads,
+        work_stealing: false,
+        // A graceful stop (SIGTERM) waits this long for streams in flight.
+        grace_period_seconds: Some(5),
+        graceful_shutdown_timeout_seconds: Some(30),
+        upgrade_sock: format!("/tmp/kvgate-upgrade-{}.sock", std::process::id()),
+        pid_file: format!("/tmp/kvgate-{}.pid", std::process::id()),
+        ..ServerConf::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(None, conf);
+    server.bootstrap();
+
+    let mut proxy = Service::new(
+        "kvgate proxy".into(),
+        proxy::ProxyApp::new(Arc::clone(&gateway)),
+    );
+    for addr in listen.addresses() {
+        proxy.add_tcp(addr);
+    }
+    server.add_service(proxy);
+    if let Some(addr) = admin {
+        let mut admin = Service::new(
+            "kvgate admin".into(),
+            admin::AdminApp::new(Arc::clone(&gateway)),
+        );
+        admin.add_tcp(&addr);
+        server.add_service(admin);
+    }
+    server.add_service(background_service(
+        "health checks",
+        health::HealthChecker {
+            gateway: Arc::clone(&gateway),
+        },
+    ));
+    server.add_service(background_service(
+        "reload on SIGHUP",
+        health::ReloadOnSignal { gateway },
+    ));
+    tracing::info!(listen = ?listen.addresses(), "kvgate gateway starting");
+    server.run_forever()
+}

@@ -1,0 +1,147 @@
+//! The admin listener: replica state with last scores, decision explanations, reload, metrics.
+
+use crate::gateway::Gateway;
+use crate::proxy::request::{self, Endpoint};
+use crate::proxy::respond;
+use async_trait::async_trait;
+use bytes::BytesMut;
+use http::Method;
+use kvgate_protocol::{ApiError, ErrorKind};
+use pingora_core::apps::{HttpPersistentSettings, HttpServerApp, ReusedHttpStream};
+use pingora_core::protocols::http::ServerSession;
+use pingora_core::server::ShutdownWatch;
+use std::sync::Arc;
+
+/// Largest body the admin API reads (an explain request).
+const ADMIN_BODY_LIMIT: usize = 32 << 20;
+
+pub struct AdminApp {
+    gateway: Arc<Gateway>,
+}
+
+impl AdminApp {
+    pub fn new(gateway: Arc<Gateway>) -> Self {
+        AdminApp { gateway }
+    }
+}
+
+/// Sets the per-replica gauges from live state, just before a scrape.
+pub fn refresh_gauges(gateway: &Gateway) {
+    for r in &gateway.snapshot().replicas {
+        gateway
+            .metrics
+            .in_flight
+            .with_label_values(&[&r.name])
+            .set(i64::from(r.in_flight()));
+        gateway
+            .metrics
+            .healthy
+            .with_label_values(&[&r.name])
+            .set(i64::from(r.is_available()));
+    }
+}
+
+#[async_trait]
+impl HttpServerApp for AdminApp {
+    async fn process_new_http(
+        self: &Arc<Self>,
+        mut session: ServerSession,
+        _shutdown: &ShutdownWatch,
+    ) -> Option<ReusedHttpStream> {
+        if !matches!(session.read_request().await, Ok(true)) {
+            return None;
+        }
+        let method = session.req_header().method.clone();
+        let path = session.req_header().uri.path().to_string();
+        let gateway = &self.gateway;
+        let (status, body): (u16, Vec<u8>) = match (&method, path.as_str()) {
+            (&Method::GET, "/health") => (200, br#"{"status":"ok"}"#.to_vec()),
+            (&Method::GET, "/metrics") => {
+                refresh_gauges(gateway);
+                let ok = respond::send(
+                    &mut session,
+                    200,
+                    "text/plain; version=0.0.4",
+                    gateway.metrics.render(),
+                    &[],
+                )
+                .await;
+                return finish(session, ok).await;
+            }
+            (&Method::GET, "/admin/replicas") => {
+                let snap = gateway.snapshot();
+                let replicas: Vec<serde_json::Value> =
+                    snap.replicas.iter().map(|r| r.status_json()).collect();
+                (200, json(&serde_json::json!({ "replicas": replicas })))
+            }
+            (&Method::GET, "/admin/config") => (200, json(&gateway.snapshot().config)),
+            (&Method::POST, "/admin/reload") => match gateway.reload() {
+                Ok(()) => (200, br#"{"status":"reloaded"}"#.to_vec()),
+                Err(errors) => {
+                    let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+                    tracing::error!(?errors, "reload rejected; the running config is kept");
+                    (
+                        400,
+                        json(&serde_json::json!({ "status": "rejected", "errors": errors })),
+                    )
+                }
+            },
+            (&Method::POST, "/admin/explain") => match read_all(&mut session).await {
+                Some(body) => explain(gateway, &body),
+                None => return None,
+            },
+            _ => {
+                let e = ApiError::new(
+                    ErrorKind::NotFound,
+                    format!("no admin route for {method} {path}"),
+                );
+                (404, e.to_json())
+            }
+        };
+        let ok = respond::send_json(&mut session, status, body, &[]).await;
+        finish(session, ok).await
+    }
+}
+
+/// Explains how a chat or completion request body would be routed (chat when it has
+/// `messages`), without sending it.
+fn explain(gateway: &Gateway, body: &[u8]) -> (u16, Vec<u8>) {
+    let is_chat = serde_json::from_slice::<serde_json::Value>(body)
+        .is_ok_and(|v| v.get("messages").is_some());
+    let endpoint = if is_chat {
+        Endpoint::Chat
+    } else {
+        Endpoint::Completions
+    };
+    let snap = gateway.snapshot();
+    let result = request::parse(endpoint, body, &snap.config.policy)
+        .and_then(|routed| gateway.explain(&routed.model, &routed.features));
+    match result {
+        Ok(v) => (200, json(&v)),
+        Err(e) => (e.status(), e.to_json()),
+    }
+}
+
+fn json<T: serde::Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec_pretty(value).unwrap_or_default()
+}
+
+async fn read_all(session: &mut ServerSession) -> Option<Vec<u8>> {
+    let mut body = BytesMut::new();
+    while let Some(chunk) = session.read_request_body().await.ok()? {
+        if body.len() + chunk.len() > ADMIN_BODY_LIMIT {
+            return None;
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Some(body.to_vec())
+}
+
+async fn finish(session: ServerSession, ok: bool) -> Option<ReusedHttpStream> {
+    if !ok {
+        return None;
+    }
+    let settings = HttpPersistentSettings::for_session(&session);
+    let stream = session.finish().await.ok()??;
+    Some(ReusedHttpStream::from_reusable_stream(stream, settings))
+}

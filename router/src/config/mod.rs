@@ -1,0 +1,170 @@
+//! The gateway's YAML configuration: types, defaults and validation. Loading lives in
+//! [`load`], the one place that knows the YAML library.
+
+mod load;
+mod validate;
+
+pub use load::{load_file, parse_str, ConfigError};
+pub use validate::{resolve_url, Upstream};
+
+use kvgate_policies::PolicyConfig;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// Client-facing listener(s): one address or a list.
+    pub listen: Listen,
+    /// Admin API listener (replicas, explain, reload, metrics). Off when absent.
+    #[serde(default)]
+    pub admin_listen: Option<String>,
+    /// Worker threads of the proxy runtime.
+    #[serde(default = "defaults::threads")]
+    pub threads: usize,
+    pub replicas: Vec<ReplicaConfig>,
+    #[serde(default)]
+    pub limits: Limits,
+    #[serde(default)]
+    pub timeouts: Timeouts,
+    #[serde(default)]
+    pub retries: Retries,
+    #[serde(default)]
+    pub health: HealthConfig,
+    #[serde(default)]
+    pub policy: PolicyConfig,
+    /// Honour `x-kvgate-debug: 1` with `x-kvgate-replica` and `x-kvgate-route` headers.
+    #[serde(default = "defaults::yes")]
+    pub debug_headers: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Listen {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Listen {
+    pub fn addresses(&self) -> &[String] {
+        match self {
+            Listen::One(a) => std::slice::from_ref(a),
+            Listen::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaConfig {
+    /// `http://IP:PORT` or `http://localhost:PORT` (resolved once, at load).
+    pub url: String,
+    /// Stable name: places the replica on the hash ring and labels its metrics. Default: the URL.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// Models it serves. Empty: discovered from its `/v1/models`.
+    #[serde(default)]
+    pub models: Vec<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Never more than this many requests in flight on it from this gateway.
+    #[serde(default)]
+    pub max_in_flight: Option<u32>,
+}
+
+impl ReplicaConfig {
+    pub fn name(&self) -> &str {
+        self.id.as_deref().unwrap_or(&self.url)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Largest request body accepted; larger ones get 413.
+    pub max_body_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 32 * 1024 * 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Timeouts {
+    /// TCP connect to a replica.
+    pub connect_ms: u64,
+    /// From sending the request to the response header and to its first body chunk.
+    pub first_byte_ms: u64,
+    /// Longest gap between two body chunks of a response.
+    pub idle_ms: u64,
+    /// How long an idle pooled upstream connection is kept (below the workers' keep-alive).
+    pub pool_idle_ms: u64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect_ms: 2_000,
+            first_byte_ms: 120_000,
+            idle_ms: 60_000,
+            pool_idle_ms: 30_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Retries {
+    /// Replicas tried per request (connect failures, 503 and 429 move to the next one).
+    pub attempts: u32,
+}
+
+impl Default for Retries {
+    fn default() -> Self {
+        Retries { attempts: 3 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HealthConfig {
+    /// Active check: GET this path; 2xx is healthy.
+    pub path: String,
+    pub interval_ms: u64,
+    pub timeout_ms: u64,
+    /// Passive ejection after this many consecutive failed requests or checks.
+    pub eject_after_failures: u32,
+    /// First ejection lasts this long; each further one doubles it, up to `ejection_max_ms`.
+    pub ejection_base_ms: u64,
+    pub ejection_max_ms: u64,
+    /// How often replicas without configured models are asked for `/v1/models`.
+    pub models_refresh_ms: u64,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            path: "/health".into(),
+            interval_ms: 1_000,
+            timeout_ms: 1_000,
+            eject_after_failures: 3,
+            ejection_base_ms: 1_000,
+            ejection_max_ms: 30_000,
+            models_refresh_ms: 10_000,
+        }
+    }
+}
+
+mod defaults {
+    pub fn threads() -> usize {
+        2
+    }
+    pub fn yes() -> bool {
+        true
+    }
+}

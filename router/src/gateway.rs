@@ -1,0 +1,275 @@
+//! The gateway's shared state: the current config snapshot, the replicas, the routing policy
+//! and the metrics. A reload swaps the snapshot; requests already running keep the one they
+//! started with, so none fails because of a reload.
+
+use crate::config::{self, ConfigError, GatewayConfig};
+use crate::metrics::Metrics;
+use crate::replica::{InFlight, ModelMatch, Replica};
+use kvgate_policies::{
+    Candidate, Decision, FleetView, Policy, ReplicaId, ReplicaView, RequestFeatures,
+};
+use kvgate_protocol::{ApiError, ErrorKind};
+use pingora_core::connectors::http::Connector;
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Instant;
+
+/// One consistent view of config and replicas.
+pub struct Snapshot {
+    pub config: GatewayConfig,
+    pub replicas: Vec<Arc<Replica>>,
+}
+
+impl Snapshot {
+    /// Every model some replica serves.
+    pub fn models(&self) -> BTreeSet<String> {
+        self.replicas
+            .iter()
+            .filter_map(|r| r.models())
+            .flatten()
+            .collect()
+    }
+}
+
+pub struct Gateway {
+    config_path: Option<PathBuf>,
+    current: RwLock<Arc<Snapshot>>,
+    policy: Mutex<Policy>,
+    pub metrics: Metrics,
+    pub connector: Connector,
+}
+
+/// A routing outcome: the replicas to try in order, the first already counted in flight.
+pub struct Route {
+    pub ranked: Vec<(Arc<Replica>, Candidate)>,
+    pub first: InFlight,
+    pub load_bound: u32,
+}
+
+impl Gateway {
+    pub fn new(
+        config: GatewayConfig,
+        config_path: Option<PathBuf>,
+    ) -> Result<Self, Vec<ConfigError>> {
+        let metrics = Metrics::new().map_err(|e| {
+            vec![ConfigError {
+                path: ".".into(),
+                line: None,
+                message: format!("metrics: {e}"),
+            }]
+        })?;
+        let policy = Policy::new(config.policy.clone());
+        let replicas = build_replicas(&config, &[])?;
+        let gateway = Gateway {
+            config_path,
+            current: RwLock::new(Arc::new(Snapshot { config, replicas })),
+            policy: Mutex::new(policy),
+            metrics,
+            connector: Connector::new(None),
+        };
+        gateway.sync_policy_members();
+        Ok(gateway)
+    }
+
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Re-reads the config file; on any error the running config is kept.
+    pub fn reload(&self) -> Result<(), Vec<ConfigError>> {
+        let result = match &self.config_path {
+            Some(path) => config::load_file(path).and_then(|c| self.apply(c)),
+            None => Err(vec![ConfigError {
+                path: ".".into(),
+                line: None,
+                message: "the gateway was not started from a config file".into(),
+            }]),
+        };
+        let label = if result.is_ok() { "success" } else { "failure" };
+        self.metrics.reloads.with_label_values(&[label]).inc();
+        result
+    }
+
+    /// Installs a validated config. Replicas whose settings are unchanged keep their state.
+    pub fn apply(&self, config: GatewayConfig) -> Result<(), Vec<ConfigError>> {
+        let old = self.snapshot();
+        if config.listen != old.config.listen || config.admin_listen != old.config.admin_listen {
+            tracing::warn!("listener changes take effect only after a restart");
+        }
+        let replicas = build_replicas(&config, &old.replicas)?;
+        self.policy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .set_config(config.policy.clone());
+        *self.current.write().unwrap_or_else(PoisonError::into_inner) =
+            Arc::new(Snapshot { config, replicas });
+        self.sync_policy_members();
+        tracing::info!("configuration reloaded");
+        Ok(())
+    }
+
+    fn sync_policy_members(&self) {
+        let snap = self.snapshot();
+        let members: Vec<(ReplicaId, &str)> = snap
+            .replicas
+            .iter()
+            .map(|r| (r.slot, r.name.as_str()))
+            .collect();
+        self.policy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .set_members(&members);
+    }
+
+    /// Ranks the replicas for a request on `model`. The top one is counted in flight before
+    /// the policy lock is released, so concurrent decisions see each other.
+    pub fn route(
+        &self,
+        snap: &Snapshot,
+        model: &str,
+        features: &RequestFeatures,
+    ) -> Result<Route, ApiError> {
+        let known: Vec<&Arc<Replica>> = snap
+            .replicas
+            .iter()
+            .filter(|r| r.may_serve(model) == ModelMatch::Yes)
+            .collect();
+        let serving = if known.is_empty() {
+            let unknown: Vec<&Arc<Replica>> = snap
+                .replicas
+                .iter()
+                .filter(|r| r.may_serve(model) == ModelMatch::Unknown)
+                .collect();
+            if unknown.is_empty() {
+                return Err(ApiError::new(
+                    ErrorKind::ModelNotFound,
+                    format!("model `{model}` is not served by any replica"),
+                )
+                .with_param("model"));
+            }
+            unknown
+        } else {
+            known
+        };
+        let views: Vec<ReplicaView> = serving
+            .iter()
+            .map(|r| ReplicaView {
+                id: r.slot,
+                healthy: r.is_available(),
+                in_flight: r.in_flight(),
+                max_in_flight: r.config.max_in_flight,
+            })
+            .collect();
+        let started = Instant::now();
+        let mut policy = self.policy.lock().unwrap_or_else(PoisonError::into_inner);
+        let Decision { ranked, load_bound } =
+            policy.select(features, FleetView { replicas: &views });
+        let Some(top) = ranked.first() else {
+            drop(policy);
+            return Err(ApiError::new(
+                ErrorKind::Unavailable,
+                format!("no healthy replica serves model `{model}`"),
+            ));
+        };
+        let by_slot = |slot: ReplicaId| {
+            serving
+                .iter()
+                .find(|r| r.slot == slot)
+                .map(|r| Arc::clone(r))
+        };
+        let first = by_slot(top.replica).map(InFlight::new);
+        policy.record(top.replica, features);
+        drop(policy);
+        self.metrics
+            .decision
+            .observe(started.elapsed().as_secs_f64());
+        let first =
+            first.ok_or_else(|| ApiError::new(ErrorKind::Internal, "ranked an unknown replica"))?;
+        let ranked = ranked
+            .into_iter()
+            .filter_map(|c| by_slot(c.replica).map(|r| (r, c)))
+            .collect();
+        Ok(Route {
+            ranked,
+            first,
+            load_bound,
+        })
+    }
+
+    /// Records that a retry sent the request's prefix to another replica.
+    pub fn record_prefix(&self, replica: &Replica, features: &RequestFeatures) {
+        self.policy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .record(replica.slot, features);
+    }
+
+    /// Explains a decision without sending anything (admin API).
+    pub fn explain(
+        &self,
+        model: &str,
+        features: &RequestFeatures,
+    ) -> Result<serde_json::Value, ApiError> {
+        let snap = self.snapshot();
+        let route = self.route(&snap, model, features)?;
+        // Explaining must not count as load.
+        drop(route.first);
+        let candidates: Vec<serde_json::Value> = route
+            .ranked
+            .iter()
+            .map(|(r, c)| serde_json::json!({ "replica": r.name, "score": c }))
+            .collect();
+        Ok(
+            serde_json::json!({ "model": model, "load_bound": route.load_bound, "candidates": candidates }),
+        )
+    }
+}
+
+/// The replicas of `config`, reusing `old` ones (state and slot) whose settings are unchanged,
+/// and keeping the slot of a renamed-in-place replica's name.
+fn build_replicas(
+    config: &GatewayConfig,
+    old: &[Arc<Replica>],
+) -> Result<Vec<Arc<Replica>>, Vec<ConfigError>> {
+    let mut used: BTreeSet<u32> = BTreeSet::new();
+    let mut slots = Vec::with_capacity(config.replicas.len());
+    for rc in &config.replicas {
+        let slot = old.iter().find(|r| r.name == rc.name()).map(|r| r.slot.0);
+        if let Some(s) = slot {
+            used.insert(s);
+        }
+        slots.push(slot);
+    }
+    let mut next_free = 0u32;
+    let mut replicas = Vec::with_capacity(config.replicas.len());
+    for (i, (rc, slot)) in config.replicas.iter().zip(slots).enumerate() {
+        if let Some(existing) = old.iter().find(|r| r.name == rc.name() && r.config == *rc) {
+            replicas.push(Arc::clone(existing));
+            continue;
+        }
+        let slot = slot.unwrap_or_else(|| {
+            while used.contains(&next_free) {
+                next_free += 1;
+            }
+            used.insert(next_free);
+            next_free
+        });
+        let upstream = config::resolve_url(&rc.url).map_err(|message| {
+            vec![ConfigError {
+                path: format!("replicas[{i}].url"),
+                line: None,
+                message,
+            }]
+        })?;
+        replicas.push(Arc::new(Replica::new(
+            ReplicaId(slot),
+            rc.clone(),
+            upstream,
+        )));
+    }
+    Ok(replicas)
+}

@@ -1,0 +1,166 @@
+//! Active health checks and model discovery, and reload on SIGHUP: the gateway's background
+//! tasks.
+
+use crate::gateway::Gateway;
+use crate::replica::{FailureOutcome, Replica};
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use kvgate_protocol::openai::ModelList;
+use pingora_core::connectors::http::Connector;
+use pingora_core::server::ShutdownWatch;
+use pingora_core::services::background::BackgroundService;
+use pingora_core::upstreams::peer::HttpPeer;
+use pingora_http::RequestHeader;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Largest health or models response read.
+const MAX_CHECK_BODY: usize = 1 << 20;
+
+pub struct HealthChecker {
+    pub gateway: Arc<Gateway>,
+}
+
+#[async_trait]
+impl BackgroundService for HealthChecker {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut last_discovery: Option<Instant> = None;
+        loop {
+            let snap = self.gateway.snapshot();
+            let health = snap.config.health.clone();
+            let discover = last_discovery
+                .is_none_or(|t| t.elapsed() >= Duration::from_millis(health.models_refresh_ms));
+            let mut checks = tokio::task::JoinSet::new();
+            for replica in snap.replicas.iter().filter(|r| !r.is_ejected()) {
+                let (gateway, replica, health) = (
+                    Arc::clone(&self.gateway),
+                    Arc::clone(replica),
+                    health.clone(),
+                );
+                checks.spawn(async move {
+                    let timeout = Duration::from_millis(health.timeout_ms);
+                    let passed = matches!(
+                        get(&gateway.connector, &replica, &health.path, timeout).await,
+                        Ok((200..=299, _))
+                    );
+                    if !passed {
+                        tracing::debug!(replica = %replica.name, "health check failed");
+                    }
+                    if let FailureOutcome::Ejected(backoff) = replica.record_check(passed, &health) {
+                        tracing::warn!(replica = %replica.name, ?backoff, "replica ejected: health checks failing");
+                        gateway.metrics.ejections.with_label_values(&[&replica.name]).inc();
+                    }
+                    if passed && replica.needs_discovery() && (discover || replica.models().is_none()) {
+                        discover_models(&gateway.connector, &replica, timeout).await;
+                    }
+                });
+            }
+            while checks.join_next().await.is_some() {}
+            if discover {
+                last_discovery = Some(Instant::now());
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(health.interval_ms)) => {}
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+}
+
+async fn discover_models(connector: &Connector, replica: &Replica, timeout: Duration) {
+    match get(connector, replica, "/v1/models", timeout).await {
+        Ok((200, body)) => match serde_json::from_slice::<ModelList>(&body) {
+            Ok(list) => {
+                replica.set_discovered_models(list.data.into_iter().map(|m| m.id).collect())
+            }
+            Err(e) => tracing::warn!(replica = %replica.name, error = %e, "unreadable /v1/models"),
+        },
+        Ok((status, _)) => tracing::warn!(replica = %replica.name, status, "/v1/models failed"),
+        Err(e) => tracing::debug!(replica = %replica.name, error = %e, "/v1/models unreachable"),
+    }
+}
+
+/// A GET on a replica within `timeout`: status and body.
+async fn get(
+    connector: &Connector,
+    replica: &Replica,
+    path: &str,
+    timeout: Duration,
+) -> Result<(u16, Bytes), String> {
+    let exchange = async {
+        let mut peer = HttpPeer::new(replica.upstream.addr, false, String::new());
+        peer.options.connection_timeout = Some(timeout);
+        let (mut session, _) = connector
+            .get_http_session(&peer)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut req =
+            RequestHeader::build("GET", path.as_bytes(), Some(2)).map_err(|e| e.to_string())?;
+        req.insert_header("host", replica.upstream.authority.as_str())
+            .map_err(|e| e.to_string())?;
+        session
+            .write_request_header(Box::new(req))
+            .await
+            .map_err(|e| e.to_string())?;
+        session
+            .finish_request_body()
+            .await
+            .map_err(|e| e.to_string())?;
+        session
+            .read_response_header()
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = session.response_header().map_or(0, |h| h.status.as_u16());
+        let mut body = BytesMut::new();
+        while let Some(chunk) = session
+            .read_response_body()
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            if body.len() + chunk.len() > MAX_CHECK_BODY {
+                return Err(format!("{path} response over {MAX_CHECK_BODY} bytes"));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        connector
+            .release_http_session(session, &peer, Some(Duration::from_secs(5)))
+            .await;
+        Ok((status, body.freeze()))
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| format!("{path} timed out after {timeout:?}"))?
+}
+
+/// Reloads the config on SIGHUP.
+pub struct ReloadOnSignal {
+    pub gateway: Arc<Gateway>,
+}
+
+#[async_trait]
+impl BackgroundService for ReloadOnSignal {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut hangups = match tokio::signal::unix::signal(
+            tokio::signal::unix::SignalKind::hangup(),
+        ) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGHUP; reload through the admin API");
+                return;
+            }
+        };
+        loop {
+            tokio::select! {
+                _ = hangups.recv() => match self.gateway.reload() {
+                    Ok(()) => tracing::info!("SIGHUP: configuration reloaded"),
+                    Err(errors) => {
+                        for e in errors {
+                            tracing::error!(error = %e, "SIGHUP: reload rejected; the running config is kept");
+                        }
+                    }
+                },
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+}

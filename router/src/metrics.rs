@@ -1,0 +1,128 @@
+//! The gateway's Prometheus metrics (`kvgate_` prefix, base units).
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
+const DECISION_BUCKETS: &[f64] = &[
+    1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 1e-2,
+];
+
+pub struct Metrics {
+    registry: Registry,
+    /// By route, status code and replica ("none" when no replica answered).
+    pub requests: IntCounterVec,
+    /// Request arrival to the first response body byte from the replica, by route.
+    pub ttft: HistogramVec,
+    /// Request arrival to the end of the response, by route.
+    pub e2e: HistogramVec,
+    pub decision: Histogram,
+    pub in_flight: IntGaugeVec,
+    pub healthy: IntGaugeVec,
+    /// By reason: connect, status_503, status_429, stale_connection.
+    pub retries: IntCounterVec,
+    pub ejections: IntCounterVec,
+    /// By replica and kind: connect, timeout, read, write.
+    pub upstream_errors: IntCounterVec,
+    pub client_disconnects: IntCounter,
+    pub reloads: IntCounterVec,
+}
+
+impl Metrics {
+    pub fn new() -> prometheus::Result<Self> {
+        let registry = Registry::new();
+        let counter =
+            |name: &str, help: &str, labels: &[&str]| -> prometheus::Result<IntCounterVec> {
+                let c = IntCounterVec::new(Opts::new(name, help), labels)?;
+                registry.register(Box::new(c.clone()))?;
+                Ok(c)
+            };
+        let gauge = |name: &str, help: &str, labels: &[&str]| -> prometheus::Result<IntGaugeVec> {
+            let g = IntGaugeVec::new(Opts::new(name, help), labels)?;
+            registry.register(Box::new(g.clone()))?;
+            Ok(g)
+        };
+        let histogram = |name: &str, help: &str| -> prometheus::Result<HistogramVec> {
+            let h = HistogramVec::new(
+                HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()),
+                &["route"],
+            )?;
+            registry.register(Box::new(h.clone()))?;
+            Ok(h)
+        };
+        let decision = Histogram::with_opts(
+            HistogramOpts::new(
+                "kvgate_routing_decision_seconds",
+                "Time to rank replicas for one request",
+            )
+            .buckets(DECISION_BUCKETS.to_vec()),
+        )?;
+        registry.register(Box::new(decision.clone()))?;
+        let client_disconnects = IntCounter::new(
+            "kvgate_client_disconnects_total",
+            "Clients that went away before their response ended (the upstream request is cancelled)",
+        )?;
+        registry.register(Box::new(client_disconnects.clone()))?;
+        Ok(Metrics {
+            requests: counter(
+                "kvgate_requests_total",
+                "Requests answered",
+                &["route", "status", "replica"],
+            )?,
+            ttft: histogram(
+                "kvgate_time_to_first_token_seconds",
+                "Arrival to the first response body byte (the first token when streaming)",
+            )?,
+            e2e: histogram(
+                "kvgate_request_duration_seconds",
+                "Arrival to end of response",
+            )?,
+            decision,
+            in_flight: gauge(
+                "kvgate_replica_in_flight",
+                "Requests in flight per replica",
+                &["replica"],
+            )?,
+            healthy: gauge(
+                "kvgate_replica_healthy",
+                "1 if the replica is eligible for routing",
+                &["replica"],
+            )?,
+            retries: counter(
+                "kvgate_retries_total",
+                "Requests moved to another replica",
+                &["reason"],
+            )?,
+            ejections: counter(
+                "kvgate_ejections_total",
+                "Replicas ejected after failures",
+                &["replica"],
+            )?,
+            upstream_errors: counter(
+                "kvgate_upstream_errors_total",
+                "Failed exchanges with replicas",
+                &["replica", "kind"],
+            )?,
+            client_disconnects,
+            reloads: counter(
+                "kvgate_config_reloads_total",
+                "Configuration reloads",
+                &["result"],
+            )?,
+            registry,
+        })
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> Vec<u8> {
+        let mut buf = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            tracing::error!(error = %e, "cannot encode metrics");
+        }
+        buf
+    }
+}

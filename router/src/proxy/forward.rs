@@ -1,0 +1,491 @@
+//! Sending a request to the ranked replicas and streaming the answer back.
+//!
+//! The body is in memory, so a connect failure, a stale pooled connection or a 503/429 that
+//! arrives before anything reached the client moves the request to the next replica. Once the
+//! first byte is written to the client the request is never retried: a failure mid-stream ends
+//! an SSE stream with an error event, or closes a non-streamed response.
+
+use super::request::Endpoint;
+use super::respond;
+use crate::gateway::{Gateway, Route, Snapshot};
+use crate::replica::{FailureOutcome, InFlight, Replica};
+use bytes::Bytes;
+use kvgate_policies::{Candidate, RequestFeatures};
+use kvgate_protocol::{ApiError, ErrorKind};
+use pingora_core::connectors::http::Connector;
+use pingora_core::protocols::http::client::HttpSession;
+use pingora_core::protocols::http::ServerSession;
+use pingora_core::upstreams::peer::HttpPeer;
+use pingora_core::ErrorType;
+use pingora_http::{RequestHeader, ResponseHeader};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Headers that describe one connection, not the message: never forwarded.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "upgrade",
+    "expect",
+];
+
+/// How the client side ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// A full response was written; the connection may be reused.
+    Complete,
+    /// The client left or the response could not be completed: close the connection.
+    Close,
+}
+
+/// Everything about the request that the attempts share.
+pub struct Forward<'a> {
+    pub gateway: &'a Gateway,
+    pub snapshot: &'a Snapshot,
+    pub endpoint: Endpoint,
+    pub body: Bytes,
+    pub features: &'a RequestFeatures,
+    pub request_id: &'a str,
+    pub started: Instant,
+    pub debug: bool,
+}
+
+enum Attempt {
+    Done(Outcome, u16),
+    /// Nothing reached the client: the next replica may take the request.
+    Retry {
+        reason: &'static str,
+        error: ApiError,
+    },
+}
+
+impl Forward<'_> {
+    pub async fn run(&self, client: &mut ServerSession, route: Route) -> Outcome {
+        let attempts = self.snapshot.config.retries.attempts as usize;
+        let route_label = self.endpoint.route();
+        let mut first = Some(route.first);
+        let mut last_error =
+            ApiError::new(ErrorKind::Unavailable, "no replica could take the request");
+        for (i, (replica, candidate)) in route.ranked.iter().enumerate().take(attempts) {
+            let in_flight = match first.take() {
+                Some(guard) => guard,
+                None => {
+                    self.gateway.record_prefix(replica, self.features);
+                    InFlight::new(Arc::clone(replica))
+                }
+            };
+            replica.set_last_decision(*candidate);
+            let more = i + 1 < attempts.min(route.ranked.len());
+            match self
+                .attempt(client, replica, candidate, route.load_bound, more)
+                .await
+            {
+                Attempt::Done(outcome, status) => {
+                    drop(in_flight);
+                    self.count(route_label, status, &replica.name);
+                    return outcome;
+                }
+                Attempt::Retry { reason, error } => {
+                    tracing::info!(replica = %replica.name, reason, "moving request to the next replica");
+                    self.gateway
+                        .metrics
+                        .retries
+                        .with_label_values(&[reason])
+                        .inc();
+                    last_error = error;
+                }
+            }
+        }
+        self.count(route_label, last_error.status(), "none");
+        if respond::send_error(client, &last_error, self.request_id).await {
+            Outcome::Complete
+        } else {
+            Outcome::Close
+        }
+    }
+
+    fn count(&self, route: &str, status: u16, replica: &str) {
+        let m = &self.gateway.metrics;
+        m.requests
+            .with_label_values(&[route, &status.to_string(), replica])
+            .inc();
+        m.e2e
+            .with_label_values(&[route])
+            .observe(self.started.elapsed().as_secs_f64());
+    }
+
+    fn failed(&self, replica: &Replica, kind: &str) {
+        self.gateway
+            .metrics
+            .upstream_errors
+            .with_label_values(&[&replica.name, kind])
+            .inc();
+        if let FailureOutcome::Ejected(backoff) =
+            replica.record_failure(&self.snapshot.config.health)
+        {
+            tracing::warn!(replica = %replica.name, ?backoff, "replica ejected after consecutive failures");
+            self.gateway
+                .metrics
+                .ejections
+                .with_label_values(&[&replica.name])
+                .inc();
+        }
+    }
+
+    async fn attempt(
+        &self,
+        client: &mut ServerSession,
+        replica: &Replica,
+        candidate: &Candidate,
+        load_bound: u32,
+        more_replicas: bool,
+    ) -> Attempt {
+        let timeouts = &self.snapshot.config.timeouts;
+        let peer = peer(replica, timeouts.connect_ms, timeouts.pool_idle_ms);
+        let connector = &self.gateway.connector;
+        let mut upstream = match self.send(connector, &peer, client, replica).await {
+            Ok(upstream) => upstream,
+            Err(attempt) => return attempt,
+        };
+        let Some(header) = upstream.response_header().cloned() else {
+            self.failed(replica, "read");
+            return self
+                .fail_before_response(client, "the replica sent no response header")
+                .await;
+        };
+        let status = header.status.as_u16();
+        if matches!(status, 503 | 429) && more_replicas {
+            if status == 503 {
+                self.failed(replica, "status_503");
+            }
+            let reason = if status == 503 {
+                "status_503"
+            } else {
+                "status_429"
+            };
+            let error = ApiError::new(
+                if status == 503 {
+                    ErrorKind::Unavailable
+                } else {
+                    ErrorKind::RateLimited
+                },
+                format!("replica `{}` answered {status}", replica.name),
+            );
+            return Attempt::Retry { reason, error };
+        }
+        if status >= 500 {
+            self.failed(replica, "status_5xx");
+        } else {
+            replica.record_success();
+        }
+        let response = self.client_header(header, client, replica, candidate, load_bound);
+        if client
+            .write_response_header(Box::new(response))
+            .await
+            .is_err()
+        {
+            return Attempt::Done(Outcome::Close, 499);
+        }
+        let outcome = self.stream_body(client, &mut upstream, replica).await;
+        if outcome == Outcome::Complete && upstream.response_done() {
+            connector
+                .release_http_session(
+                    upstream,
+                    &peer,
+                    Some(Duration::from_millis(timeouts.pool_idle_ms)),
+                )
+                .await;
+        }
+        Attempt::Done(outcome, status)
+    }
+
+    /// Connects and sends the request, reading the response header. A pooled connection the
+    /// replica already closed is replaced by a fresh one.
+    async fn send(
+        &self,
+        connector: &Connector,
+        peer: &HttpPeer,
+        client: &mut ServerSession,
+        replica: &Replica,
+    ) -> Result<HttpSession, Attempt> {
+        let first_byte = Duration::from_millis(self.snapshot.config.timeouts.first_byte_ms);
+        for _ in 0..3 {
+            let (mut upstream, reused) = match connector.get_http_session(peer).await {
+                Ok(s) => s,
+                Err(e) => {
+                    self.failed(replica, "connect");
+                    let error = ApiError::new(
+                        ErrorKind::Unavailable,
+                        format!("cannot connect to replica `{}`: {e}", replica.name),
+                    );
+                    return Err(Attempt::Retry {
+                        reason: "connect",
+                        error,
+                    });
+                }
+            };
+            upstream.set_read_timeout(Some(first_byte));
+            upstream.set_write_timeout(Some(first_byte));
+            let header = match self.upstream_header(client, replica) {
+                Ok(h) => h,
+                Err(e) => return Err(self.fail_before_response(client, &e).await),
+            };
+            if let Err(e) = write_request(&mut upstream, header, self.body.clone()).await {
+                if reused {
+                    self.gateway
+                        .metrics
+                        .retries
+                        .with_label_values(&["stale_connection"])
+                        .inc();
+                    continue;
+                }
+                self.failed(replica, "write");
+                let error = ApiError::new(
+                    ErrorKind::Unavailable,
+                    format!("sending to replica `{}` failed: {e}", replica.name),
+                );
+                return Err(Attempt::Retry {
+                    reason: "write",
+                    error,
+                });
+            }
+            match upstream.read_response_header().await {
+                Ok(()) => return Ok(upstream),
+                Err(e) if reused && upstream.response_header().is_none() && !is_timeout(&e) => {
+                    self.gateway
+                        .metrics
+                        .retries
+                        .with_label_values(&["stale_connection"])
+                        .inc();
+                }
+                Err(e) => {
+                    let timeout = is_timeout(&e);
+                    self.failed(replica, if timeout { "timeout" } else { "read" });
+                    let message = if timeout {
+                        format!(
+                            "replica `{}` sent no response within {first_byte:?}",
+                            replica.name
+                        )
+                    } else {
+                        format!("replica `{}` failed before responding: {e}", replica.name)
+                    };
+                    let kind = if timeout {
+                        ErrorKind::GatewayTimeout
+                    } else {
+                        ErrorKind::BadGateway
+                    };
+                    return Err(self.fail_with(client, ApiError::new(kind, message)).await);
+                }
+            }
+        }
+        Err(self
+            .fail_with(
+                client,
+                ApiError::new(
+                    ErrorKind::BadGateway,
+                    format!("replica `{}` keeps closing connections", replica.name),
+                ),
+            )
+            .await)
+    }
+
+    async fn fail_before_response(&self, client: &mut ServerSession, message: &str) -> Attempt {
+        self.fail_with(client, ApiError::new(ErrorKind::BadGateway, message))
+            .await
+    }
+
+    async fn fail_with(&self, client: &mut ServerSession, error: ApiError) -> Attempt {
+        let status = error.status();
+        let outcome = if respond::send_error(client, &error, self.request_id).await {
+            Outcome::Complete
+        } else {
+            Outcome::Close
+        };
+        Attempt::Done(outcome, status)
+    }
+
+    fn upstream_header(
+        &self,
+        client: &ServerSession,
+        replica: &Replica,
+    ) -> Result<RequestHeader, String> {
+        let req = client.req_header();
+        let path = req
+            .uri
+            .path_and_query()
+            .map_or(self.endpoint.route(), |p| p.as_str());
+        let mut header = RequestHeader::build(
+            req.method.clone(),
+            path.as_bytes(),
+            Some(req.headers.len() + 3),
+        )
+        .map_err(|e| format!("cannot build upstream request: {e}"))?;
+        for (name, value) in &req.headers {
+            let skip = HOP_BY_HOP.contains(&name.as_str())
+                || name == http::header::HOST
+                || name == http::header::CONTENT_LENGTH
+                || name == http::header::TRANSFER_ENCODING
+                || name.as_str() == "x-request-id";
+            if !skip {
+                header
+                    .append_header(name.clone(), value.clone())
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        let set = |h: &mut RequestHeader, name: &'static str, value: String| {
+            h.insert_header(name, value).map_err(|e| e.to_string())
+        };
+        set(&mut header, "host", replica.upstream.authority.clone())?;
+        set(&mut header, "content-length", self.body.len().to_string())?;
+        set(&mut header, "x-request-id", self.request_id.to_string())?;
+        Ok(header)
+    }
+
+    fn client_header(
+        &self,
+        mut header: ResponseHeader,
+        client: &ServerSession,
+        replica: &Replica,
+        candidate: &Candidate,
+        load_bound: u32,
+    ) -> ResponseHeader {
+        for name in HOP_BY_HOP {
+            header.remove_header(*name);
+        }
+        if client.is_http2() {
+            header.remove_header("transfer-encoding");
+        }
+        let mut extra = vec![("x-request-id", self.request_id.to_string())];
+        if self.debug {
+            let s = &candidate.signals;
+            extra.push(("x-kvgate-replica", replica.name.clone()));
+            extra.push((
+                "x-kvgate-route",
+                format!(
+                    "total={:.3};prefix={:.3};ring={:.3};load={:.3};ring_rank={};in_flight={};load_bound={}",
+                    candidate.total, s.prefix, s.ring, s.load, candidate.ring_rank, candidate.in_flight, load_bound
+                ),
+            ));
+        }
+        for (name, value) in extra {
+            if let Err(e) = header.insert_header(name, value) {
+                tracing::warn!(error = %e, name, "cannot set response header");
+            }
+        }
+        header
+    }
+
+    /// Copies the response body to the client chunk by chunk, watching for the client leaving.
+    async fn stream_body(
+        &self,
+        client: &mut ServerSession,
+        upstream: &mut HttpSession,
+        replica: &Replica,
+    ) -> Outcome {
+        let idle = Duration::from_millis(self.snapshot.config.timeouts.idle_ms);
+        let is_sse = upstream
+            .response_header()
+            .and_then(|h| h.headers.get(http::header::CONTENT_TYPE))
+            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        let route = self.endpoint.route();
+        let mut first_chunk = true;
+        loop {
+            let read = tokio::select! {
+                biased;
+                r = upstream.read_response_body() => r,
+                _ = client.read_body_or_idle(true) => {
+                    // The client left: dropping the upstream session closes its connection,
+                    // which cancels the generation on the replica.
+                    self.gateway.metrics.client_disconnects.inc();
+                    return Outcome::Close;
+                }
+            };
+            match read {
+                Ok(Some(chunk)) => {
+                    if first_chunk {
+                        first_chunk = false;
+                        self.gateway
+                            .metrics
+                            .ttft
+                            .with_label_values(&[route])
+                            .observe(self.started.elapsed().as_secs_f64());
+                        upstream.set_read_timeout(Some(idle));
+                    }
+                    if client.write_response_body(chunk, false).await.is_err() {
+                        self.gateway.metrics.client_disconnects.inc();
+                        return Outcome::Close;
+                    }
+                }
+                Ok(None) => {
+                    return match client.finish_body().await {
+                        Ok(()) => Outcome::Complete,
+                        Err(_) => Outcome::Close,
+                    };
+                }
+                Err(e) => {
+                    let timeout = is_timeout(&e);
+                    self.failed(replica, if timeout { "timeout" } else { "read" });
+                    tracing::warn!(replica = %replica.name, error = %e, "upstream failed mid-response");
+                    if !is_sse {
+                        return Outcome::Close;
+                    }
+                    let what = if timeout {
+                        "stopped sending (idle timeout)"
+                    } else {
+                        "failed"
+                    };
+                    let error = ApiError::new(
+                        if timeout {
+                            ErrorKind::GatewayTimeout
+                        } else {
+                            ErrorKind::BadGateway
+                        },
+                        format!("replica `{}` {what} mid-stream: {e}", replica.name),
+                    );
+                    let event = kvgate_protocol::openai::sse_event(&String::from_utf8_lossy(
+                        &error.to_json(),
+                    ));
+                    let ended = client
+                        .write_response_body(Bytes::from(event), false)
+                        .await
+                        .is_ok()
+                        && client.finish_body().await.is_ok();
+                    return if ended {
+                        Outcome::Complete
+                    } else {
+                        Outcome::Close
+                    };
+                }
+            }
+        }
+    }
+}
+
+async fn write_request(
+    upstream: &mut HttpSession,
+    header: RequestHeader,
+    body: Bytes,
+) -> pingora_core::Result<()> {
+    upstream.write_request_header(Box::new(header)).await?;
+    upstream.write_request_body(body, true).await?;
+    upstream.finish_request_body().await
+}
+
+fn is_timeout(e: &pingora_core::Error) -> bool {
+    matches!(
+        e.etype(),
+        ErrorType::ReadTimedout | ErrorType::WriteTimedout
+    )
+}
+
+fn peer(replica: &Replica, connect_ms: u64, pool_idle_ms: u64) -> HttpPeer {
+    let mut peer = HttpPeer::new(replica.upstream.addr, false, String::new());
+    peer.options.connection_timeout = Some(Duration::from_millis(connect_ms));
+    peer.options.idle_timeout = Some(Duration::from_millis(pool_idle_ms));
+    peer
+}

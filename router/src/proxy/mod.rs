@@ -1,0 +1,239 @@
+//! The client-facing listener: OpenAI routes, health, models and metrics.
+
+mod body;
+mod forward;
+pub mod request;
+pub mod respond;
+
+use crate::gateway::Gateway;
+use async_trait::async_trait;
+use body::BodyError;
+use forward::{Forward, Outcome};
+use http::Method;
+use kvgate_protocol::openai::ModelList;
+use kvgate_protocol::{ApiError, ErrorKind};
+use pingora_core::apps::{
+    HttpPersistentSettings, HttpServerApp, HttpServerOptions, ReusedHttpStream,
+};
+use pingora_core::protocols::http::ServerSession;
+use pingora_core::server::ShutdownWatch;
+use request::Endpoint;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+use tracing::Instrument;
+
+pub struct ProxyApp {
+    gateway: Arc<Gateway>,
+    options: HttpServerOptions,
+}
+
+impl ProxyApp {
+    pub fn new(gateway: Arc<Gateway>) -> Self {
+        let mut options = HttpServerOptions::default();
+        options.h2c = true;
+        ProxyApp { gateway, options }
+    }
+}
+
+#[async_trait]
+impl HttpServerApp for ProxyApp {
+    async fn process_new_http(
+        self: &Arc<Self>,
+        mut session: ServerSession,
+        shutdown: &ShutdownWatch,
+    ) -> Option<ReusedHttpStream> {
+        match session.read_request().await {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read request header");
+                return None;
+            }
+        }
+        session.set_keepalive(if *shutdown.borrow() { None } else { Some(60) });
+        let request_id = request_id(&session);
+        let span = tracing::info_span!("request", id = %request_id);
+        let outcome = self
+            .handle(&mut session, &request_id)
+            .instrument(span)
+            .await;
+        if outcome == Outcome::Close {
+            return None;
+        }
+        let settings = HttpPersistentSettings::for_session(&session);
+        match session.finish().await {
+            Ok(stream) => stream.map(|s| ReusedHttpStream::from_reusable_stream(s, settings)),
+            Err(_) => None,
+        }
+    }
+
+    fn server_options(&self) -> Option<&HttpServerOptions> {
+        Some(&self.options)
+    }
+}
+
+impl ProxyApp {
+    async fn handle(&self, session: &mut ServerSession, request_id: &str) -> Outcome {
+        let started = Instant::now();
+        let method = session.req_header().method.clone();
+        let path = session.req_header().uri.path().to_string();
+        let gateway = &self.gateway;
+        let sent = match (&method, path.as_str()) {
+            (&Method::POST, "/v1/chat/completions") => {
+                return self
+                    .proxy(session, Endpoint::Chat, request_id, started)
+                    .await;
+            }
+            (&Method::POST, "/v1/completions") => {
+                return self
+                    .proxy(session, Endpoint::Completions, request_id, started)
+                    .await;
+            }
+            (&Method::GET, "/health") => {
+                respond::send_json(session, 200, br#"{"status":"ok"}"#.to_vec(), &[]).await
+            }
+            (&Method::GET, "/v1/models") => {
+                let list = ModelList::new(gateway.snapshot().models());
+                respond::send_json(
+                    session,
+                    200,
+                    serde_json::to_vec(&list).unwrap_or_default(),
+                    &[],
+                )
+                .await
+            }
+            (&Method::GET, "/metrics") => {
+                crate::admin::refresh_gauges(gateway);
+                respond::send(
+                    session,
+                    200,
+                    "text/plain; version=0.0.4",
+                    gateway.metrics.render(),
+                    &[],
+                )
+                .await
+            }
+            (
+                _,
+                "/v1/chat/completions" | "/v1/completions" | "/health" | "/v1/models" | "/metrics",
+            ) => {
+                let e = ApiError::new(
+                    ErrorKind::MethodNotAllowed,
+                    format!("{method} is not allowed on {path}"),
+                );
+                respond::send_error(session, &e, request_id).await
+            }
+            _ => {
+                let e = ApiError::new(ErrorKind::NotFound, format!("no route for {method} {path}"));
+                respond::send_error(session, &e, request_id).await
+            }
+        };
+        if sent {
+            Outcome::Complete
+        } else {
+            Outcome::Close
+        }
+    }
+
+    async fn proxy(
+        &self,
+        session: &mut ServerSession,
+        endpoint: Endpoint,
+        request_id: &str,
+        started: Instant,
+    ) -> Outcome {
+        let gateway = &self.gateway;
+        let snapshot = gateway.snapshot();
+        let route_label = endpoint.route();
+        let body = match body::read_body(session, snapshot.config.limits.max_body_bytes).await {
+            Ok(body) => body,
+            Err(BodyError::TooLarge(error)) => {
+                // The rest of the body is unread: the connection cannot be reused.
+                session.set_keepalive(None);
+                self.reject(session, route_label, error, request_id).await;
+                return Outcome::Close;
+            }
+            Err(BodyError::Client(reason)) => {
+                tracing::debug!(%reason, "client failed while sending the body");
+                return Outcome::Close;
+            }
+        };
+        let routed = match request::parse(endpoint, &body, &snapshot.config.policy) {
+            Ok(r) => r,
+            Err(error) => return self.reject(session, route_label, error, request_id).await,
+        };
+        let route = match gateway.route(&snapshot, &routed.model, &routed.features) {
+            Ok(route) => route,
+            Err(error) => return self.reject(session, route_label, error, request_id).await,
+        };
+        let debug = snapshot.config.debug_headers
+            && session
+                .get_header("x-kvgate-debug")
+                .is_some_and(|v| v.as_bytes() == b"1");
+        let forward = Forward {
+            gateway,
+            snapshot: &snapshot,
+            endpoint,
+            body,
+            features: &routed.features,
+            request_id,
+            started,
+            debug,
+        };
+        forward.run(session, route).await
+    }
+}
+
+impl ProxyApp {
+    /// Answers a request the gateway turns down itself.
+    async fn reject(
+        &self,
+        session: &mut ServerSession,
+        route: &str,
+        error: ApiError,
+        request_id: &str,
+    ) -> Outcome {
+        let status = error.status().to_string();
+        self.gateway
+            .metrics
+            .requests
+            .with_label_values(&[route, &status, "none"])
+            .inc();
+        if respond::send_error(session, &error, request_id).await {
+            Outcome::Complete
+        } else {
+            Outcome::Close
+        }
+    }
+}
+
+/// The client's `x-request-id` if it is sane, else a new one.
+fn request_id(session: &ServerSession) -> String {
+    if let Some(id) = session
+        .get_header("x-request-id")
+        .and_then(|v| v.to_str().ok())
+    {
+        if !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_graphic()) {
+            return id.to_string();
+        }
+    }
+    static PROCESS: OnceLock<u64> = OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let process = *PROCESS.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        xxhash_rust::xxh3::xxh3_64(
+            &[
+                nanos.to_le_bytes(),
+                u64::from(std::process::id()).to_le_bytes(),
+            ]
+            .concat(),
+        )
+    });
+    format!(
+        "{process:016x}{:08x}",
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}

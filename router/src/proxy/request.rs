@@ -1,0 +1,179 @@
+//! Parsing a request body into what routing needs. The body itself is forwarded unchanged.
+
+use kvgate_policies::{PolicyConfig, RequestFeatures};
+use kvgate_protocol::openai::{ChatCompletionRequest, CompletionRequest, Prompt};
+use kvgate_protocol::{text_chunk_hashes, ApiError, ErrorKind, HashSeed};
+use serde::de::DeserializeOwned;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completions,
+}
+
+impl Endpoint {
+    pub fn route(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::Completions => "/v1/completions",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RoutedRequest {
+    pub model: String,
+    pub features: RequestFeatures,
+}
+
+pub fn parse(
+    endpoint: Endpoint,
+    body: &[u8],
+    policy: &PolicyConfig,
+) -> Result<RoutedRequest, ApiError> {
+    let (model, text) = match endpoint {
+        Endpoint::Chat => {
+            let r: ChatCompletionRequest = deserialize(body)?;
+            if r.messages.is_empty() {
+                return Err(invalid(
+                    "`messages` must contain at least one message",
+                    "messages",
+                ));
+            }
+            let mut text = String::new();
+            for m in &r.messages {
+                text.push_str(&m.role);
+                text.push('\n');
+                if let Some(c) = &m.content {
+                    text.push_str(&c.text());
+                }
+                text.push('\n');
+            }
+            (r.model, text.into_bytes())
+        }
+        Endpoint::Completions => {
+            let r: CompletionRequest = deserialize(body)?;
+            (r.model, prompt_bytes(&r.prompt))
+        }
+    };
+    if model.trim().is_empty() {
+        return Err(invalid("`model` must not be empty", "model"));
+    }
+    Ok(RoutedRequest {
+        features: features(&model, &text, policy),
+        model,
+    })
+}
+
+/// Text-mode features: chained chunk hashes of the prompt, and the ring key from its first
+/// `ring_key_chunks` chunks (the whole prompt when it is shorter than one chunk).
+pub fn features(model: &str, text: &[u8], policy: &PolicyConfig) -> RequestFeatures {
+    let seed = HashSeed::new(model, None, "text");
+    let prefix_chunks = text_chunk_hashes(seed, text, policy.chunk_bytes);
+    let ring_key = match prefix_chunks.len() {
+        0 => xxh3_64_with_seed(text, seed.0),
+        n => prefix_chunks[n.min(policy.ring_key_chunks) - 1],
+    };
+    RequestFeatures {
+        prefix_chunks,
+        ring_key,
+    }
+}
+
+fn prompt_bytes(prompt: &Prompt) -> Vec<u8> {
+    let tokens = |ids: &[u32]| {
+        ids.iter()
+            .flat_map(|t| t.to_le_bytes())
+            .collect::<Vec<u8>>()
+    };
+    match prompt {
+        Prompt::Text(s) => s.as_bytes().to_vec(),
+        Prompt::Texts(v) => v.concat().into_bytes(),
+        Prompt::Tokens(ids) => tokens(ids),
+        Prompt::TokenLists(lists) => lists.iter().flat_map(|l| tokens(l)).collect(),
+    }
+}
+
+fn invalid(message: &str, param: &str) -> ApiError {
+    ApiError::new(ErrorKind::InvalidRequest, message).with_param(param)
+}
+
+/// Deserializes with the failing field's path in the error (`messages[0].role`).
+fn deserialize<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let message = inner.to_string();
+        // A missing field is reported at its parent; name the field itself.
+        let missing = message
+            .strip_prefix("missing field `")
+            .and_then(|rest| rest.split('`').next())
+            .map(str::to_string);
+        let param = match (missing, path.as_str()) {
+            (Some(field), "." | "") => Some(field),
+            (Some(field), parent) => Some(format!("{parent}.{field}")),
+            (None, "." | "") => None,
+            (None, p) => Some(p.to_string()),
+        };
+        let message = if inner.is_syntax() || inner.is_eof() {
+            format!("request body is not valid JSON: {message}")
+        } else {
+            match &param {
+                Some(p) => format!("invalid field `{p}`: {message}"),
+                None => format!("invalid request: {message}"),
+            }
+        };
+        let error = ApiError::new(ErrorKind::InvalidRequest, message);
+        match param {
+            Some(p) => error.with_param(p),
+            None => error,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(endpoint: Endpoint, body: &str) -> ApiError {
+        parse(endpoint, body.as_bytes(), &PolicyConfig::default()).unwrap_err()
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = err(Endpoint::Chat, r#"{"messages":[]}"#);
+        assert_eq!(e.param.as_deref(), Some("model"));
+        let e = err(Endpoint::Chat, r#"{"model":5,"messages":[]}"#);
+        assert_eq!(e.param.as_deref(), Some("model"));
+        assert!(e.message.contains("invalid type"), "{}", e.message);
+        let e = err(
+            Endpoint::Chat,
+            r#"{"model":"m","messages":[{"content":"x"}]}"#,
+        );
+        assert_eq!(e.param.as_deref(), Some("messages[0].role"));
+        let e = err(Endpoint::Chat, r#"{"model":"m","messages":[]}"#);
+        assert_eq!(e.param.as_deref(), Some("messages"));
+        let e = err(Endpoint::Completions, r#"{"model":"m","prompt":5}"#);
+        assert_eq!(e.param.as_deref(), Some("prompt"));
+        let e = err(Endpoint::Completions, r#"{"model":"m","#);
+        assert!(e.message.contains("not valid JSON"));
+        assert_eq!(e.status(), 400);
+    }
+
+    #[test]
+    fn shared_prefixes_share_ring_keys_and_chunks() {
+        let policy = PolicyConfig::default();
+        let system = "s".repeat(2048);
+        let a = features("m", format!("{system}question a").as_bytes(), &policy);
+        let b = features("m", format!("{system}question b").as_bytes(), &policy);
+        assert_eq!(a.ring_key, b.ring_key);
+        assert_eq!(a.prefix_chunks.len(), 8);
+        assert_eq!(a.prefix_chunks, b.prefix_chunks);
+        let short_a = features("m", b"hi", &policy);
+        let short_b = features("m", b"ho", &policy);
+        assert_ne!(short_a.ring_key, short_b.ring_key);
+        assert_ne!(features("other", b"hi", &policy).ring_key, short_a.ring_key);
+    }
+}

@@ -1,0 +1,258 @@
+//! One upstream replica's live state: health, ejection, in-flight count, served models and the
+//! scores of its last decision. Shared between requests, the health checker and the admin API,
+//! and kept across config reloads while its name stays.
+
+use crate::config::{HealthConfig, ReplicaConfig, Upstream};
+use kvgate_policies::{Candidate, ReplicaId};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+pub struct Replica {
+    pub name: String,
+    pub slot: ReplicaId,
+    pub config: ReplicaConfig,
+    pub upstream: Upstream,
+    /// Passed its last health check (and not ejected).
+    healthy: AtomicBool,
+    consecutive_failures: AtomicU32,
+    /// Ejections in a row without a healthy check in between: the back-off exponent.
+    ejections: AtomicU32,
+    /// Milliseconds since `epoch` until which the replica is ejected.
+    ejected_until_ms: AtomicU64,
+    epoch: Instant,
+    in_flight: AtomicU32,
+    discovered_models: Mutex<Option<Vec<String>>>,
+    last_decision: Mutex<Option<Candidate>>,
+}
+
+/// What a failure did to the replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureOutcome {
+    Counted,
+    Ejected(Duration),
+}
+
+impl Replica {
+    pub fn new(slot: ReplicaId, config: ReplicaConfig, upstream: Upstream) -> Self {
+        Replica {
+            name: config.name().to_string(),
+            slot,
+            config,
+            upstream,
+            // Optimistic until the first check: a fresh gateway can serve at once, and a dead
+            // replica is found by the first connect failure or check.
+            healthy: AtomicBool::new(true),
+            consecutive_failures: AtomicU32::new(0),
+            ejections: AtomicU32::new(0),
+            ejected_until_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
+            in_flight: AtomicU32::new(0),
+            discovered_models: Mutex::new(None),
+            last_decision: Mutex::new(None),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Eligible for routing: healthy and not ejected.
+    pub fn is_available(&self) -> bool {
+        self.healthy.load(Ordering::Acquire) && !self.is_ejected()
+    }
+
+    pub fn is_ejected(&self) -> bool {
+        self.now_ms() < self.ejected_until_ms.load(Ordering::Acquire)
+    }
+
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    pub fn begin_request(&self) {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub fn end_request(&self) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// A request or check succeeded.
+    pub fn record_success(&self) {
+        self.consecutive_failures.store(0, Ordering::Release);
+    }
+
+    /// A request or check failed; ejects after `eject_after_failures` in a row, for a back-off
+    /// that doubles with each ejection until a health check passes.
+    pub fn record_failure(&self, health: &HealthConfig) -> FailureOutcome {
+        let failures = self.consecutive_failures.fetch_add(1, Ordering::AcqRel) + 1;
+        if failures < health.eject_after_failures || self.is_ejected() {
+            return FailureOutcome::Counted;
+        }
+        self.consecutive_failures.store(0, Ordering::Release);
+        let exponent = self.ejections.fetch_add(1, Ordering::AcqRel).min(16);
+        let backoff = health
+            .ejection_base_ms
+            .saturating_mul(1 << exponent)
+            .min(health.ejection_max_ms);
+        self.healthy.store(false, Ordering::Release);
+        self.ejected_until_ms
+            .store(self.now_ms() + backoff, Ordering::Release);
+        FailureOutcome::Ejected(Duration::from_millis(backoff))
+    }
+
+    /// Result of an active health check. A pass ends any ejection back-off.
+    pub fn record_check(&self, passed: bool, health: &HealthConfig) -> FailureOutcome {
+        if passed {
+            self.healthy.store(true, Ordering::Release);
+            self.ejections.store(0, Ordering::Release);
+            self.record_success();
+            FailureOutcome::Counted
+        } else {
+            let outcome = self.record_failure(health);
+            self.healthy.store(false, Ordering::Release);
+            outcome
+        }
+    }
+
+    /// Models it serves: configured, else discovered; `None` while unknown.
+    pub fn models(&self) -> Option<Vec<String>> {
+        if !self.config.models.is_empty() {
+            return Some(self.config.models.clone());
+        }
+        self.discovered_models
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub fn needs_discovery(&self) -> bool {
+        self.config.models.is_empty()
+    }
+
+    pub fn set_discovered_models(&self, models: Vec<String>) {
+        *self
+            .discovered_models
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(models);
+    }
+
+    /// Whether it may serve `model`; a replica whose models are unknown is not excluded.
+    pub fn may_serve(&self, model: &str) -> ModelMatch {
+        match self.models() {
+            None => ModelMatch::Unknown,
+            Some(models) if models.iter().any(|m| m == model) => ModelMatch::Yes,
+            Some(_) => ModelMatch::No,
+        }
+    }
+
+    pub fn set_last_decision(&self, c: Candidate) {
+        *self
+            .last_decision
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(c);
+    }
+
+    pub fn last_decision(&self) -> Option<Candidate> {
+        *self
+            .last_decision
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn status_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "id": self.name,
+            "url": self.config.url,
+            "healthy": self.healthy.load(Ordering::Acquire),
+            "ejected": self.is_ejected(),
+            "available": self.is_available(),
+            "in_flight": self.in_flight(),
+            "consecutive_failures": self.consecutive_failures.load(Ordering::Acquire),
+            "models": self.models(),
+            "labels": self.config.labels,
+            "last_scores": self.last_decision(),
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelMatch {
+    Yes,
+    No,
+    Unknown,
+}
+
+/// Holds a replica's in-flight count up for the life of a request.
+pub struct InFlight(pub Arc<Replica>);
+
+impl InFlight {
+    pub fn new(replica: Arc<Replica>) -> Self {
+        replica.begin_request();
+        InFlight(replica)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.end_request();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replica() -> Replica {
+        let config = ReplicaConfig {
+            url: "http://127.0.0.1:1".into(),
+            id: None,
+            models: vec![],
+            labels: Default::default(),
+            max_in_flight: None,
+        };
+        let upstream = Upstream {
+            addr: "127.0.0.1:1".parse().unwrap(),
+            authority: "127.0.0.1:1".into(),
+        };
+        Replica::new(ReplicaId(0), config, upstream)
+    }
+
+    #[test]
+    fn ejects_after_consecutive_failures_with_doubling_backoff() {
+        let r = replica();
+        let h = HealthConfig {
+            eject_after_failures: 2,
+            ejection_base_ms: 100,
+            ejection_max_ms: 150,
+            ..Default::default()
+        };
+        assert_eq!(r.record_failure(&h), FailureOutcome::Counted);
+        r.record_success();
+        assert_eq!(r.record_failure(&h), FailureOutcome::Counted);
+        assert_eq!(
+            r.record_failure(&h),
+            FailureOutcome::Ejected(Duration::from_millis(100))
+        );
+        assert!(!r.is_available());
+        r.ejected_until_ms.store(0, Ordering::Release); // back-off over, check still failing
+        assert_eq!(r.record_check(false, &h), FailureOutcome::Counted);
+        assert_eq!(
+            r.record_check(false, &h),
+            FailureOutcome::Ejected(Duration::from_millis(150))
+        );
+        r.ejected_until_ms.store(0, Ordering::Release);
+        r.record_check(true, &h);
+        assert!(r.is_available());
+    }
+
+    #[test]
+    fn unknown_models_do_not_exclude() {
+        let r = replica();
+        assert_eq!(r.may_serve("m"), ModelMatch::Unknown);
+        r.set_discovered_models(vec!["m".into()]);
+        assert_eq!(r.may_serve("m"), ModelMatch::Yes);
+        assert_eq!(r.may_serve("x"), ModelMatch::No);
+    }
+}

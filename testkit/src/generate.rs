@@ -1,0 +1,218 @@
+//! Deterministic "generation": the answer is the prompt's last user text echoed word by word,
+//! so a test knows the right content whichever worker served it.
+
+use kvgate_protocol::openai::{
+    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
+    ChatCompletionResponse, ChatDelta, CompletionChoice, CompletionRequest, CompletionResponse,
+    Prompt, Usage,
+};
+use kvgate_protocol::{ApiError, ErrorKind};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completions,
+}
+
+/// One request's planned output.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub endpoint: Endpoint,
+    pub id: String,
+    pub model: String,
+    pub tokens: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub prompt_tokens: u32,
+    pub finish_reason: &'static str,
+}
+
+/// Default output limit when the request sets none.
+const DEFAULT_MAX_TOKENS: u32 = 16;
+
+/// The text a request's answer echoes.
+pub fn echoed_text(
+    endpoint: Endpoint,
+    body: &[u8],
+) -> Result<
+    (
+        String,
+        String,
+        kvgate_protocol::openai::GenerationOptions,
+        String,
+    ),
+    ApiError,
+> {
+    let bad = |e: serde_json::Error| {
+        ApiError::new(ErrorKind::InvalidRequest, format!("invalid request: {e}"))
+    };
+    match endpoint {
+        Endpoint::Chat => {
+            let r: ChatCompletionRequest = serde_json::from_slice(body).map_err(bad)?;
+            let all: String = r
+                .messages
+                .iter()
+                .filter_map(|m| m.content.as_ref().map(|c| c.text()))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let last_user = r
+                .messages
+                .iter()
+                .rev()
+                .find(|m| m.role == "user")
+                .and_then(|m| m.content.as_ref().map(|c| c.text()))
+                .unwrap_or_default();
+            Ok((r.model, last_user, r.options, all))
+        }
+        Endpoint::Completions => {
+            let r: CompletionRequest = serde_json::from_slice(body).map_err(bad)?;
+            let text = match &r.prompt {
+                Prompt::Text(s) => s.clone(),
+                Prompt::Texts(v) => v.join(" "),
+                Prompt::Tokens(ids) => ids
+                    .iter()
+                    .map(|t| format!("t{t}"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                Prompt::TokenLists(l) => l
+                    .iter()
+                    .flatten()
+                    .map(|t| format!("t{t}"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            };
+            Ok((r.model, text.clone(), r.options, text))
+        }
+    }
+}
+
+pub fn plan(endpoint: Endpoint, body: &[u8], id: String) -> Result<Job, ApiError> {
+    let (model, echoed, options, whole) = echoed_text(endpoint, body)?;
+    let max = options.max_output_tokens().unwrap_or(DEFAULT_MAX_TOKENS) as usize;
+    let words: Vec<String> = echoed.split_inclusive(' ').map(str::to_string).collect();
+    let finish_reason = if words.len() > max { "length" } else { "stop" };
+    let mut tokens: Vec<String> = words.into_iter().take(max).collect();
+    if tokens.is_empty() {
+        tokens.push("ok".into());
+    }
+    Ok(Job {
+        endpoint,
+        id,
+        model,
+        tokens,
+        stream: options.stream,
+        include_usage: options.include_usage(),
+        prompt_tokens: whole.split_whitespace().count() as u32,
+        finish_reason,
+    })
+}
+
+impl Job {
+    fn usage(&self) -> Usage {
+        Usage::new(self.prompt_tokens, self.tokens.len() as u32, 0)
+    }
+
+    /// A streamed chunk: a token, or (with `finish`) the closing chunk.
+    pub fn chunk(&self, token: Option<&str>, finish: Option<&str>) -> String {
+        let json = match self.endpoint {
+            Endpoint::Chat => serde_json::to_string(&ChatCompletionChunk {
+                id: self.id.clone(),
+                object: "chat.completion.chunk".into(),
+                created: 0,
+                model: self.model.clone(),
+                choices: vec![ChatChunkChoice {
+                    index: 0,
+                    delta: ChatDelta {
+                        role: token.map(|_| "assistant".into()),
+                        content: token.map(str::to_string),
+                    },
+                    finish_reason: finish.map(str::to_string),
+                }],
+                usage: None,
+            }),
+            Endpoint::Completions => serde_json::to_string(&CompletionResponse {
+                id: self.id.clone(),
+                object: "text_completion".into(),
+                created: 0,
+                model: self.model.clone(),
+                choices: vec![CompletionChoice {
+                    index: 0,
+                    text: token.unwrap_or_default().to_string(),
+                    finish_reason: finish.map(str::to_string),
+                }],
+                usage: None,
+            }),
+        };
+        kvgate_protocol::openai::sse_event(&json.unwrap_or_default())
+    }
+
+    /// The usage chunk sent last when `stream_options.include_usage` is set.
+    pub fn usage_chunk(&self) -> String {
+        let object = match self.endpoint {
+            Endpoint::Chat => "chat.completion.chunk",
+            Endpoint::Completions => "text_completion",
+        };
+        let v = serde_json::json!({
+            "id": self.id, "object": object, "created": 0, "model": self.model,
+            "choices": [], "usage": self.usage(),
+        });
+        kvgate_protocol::openai::sse_event(&v.to_string())
+    }
+
+    /// The whole non-streamed response.
+    pub fn response(&self) -> Vec<u8> {
+        let text = self.tokens.concat();
+        let result = match self.endpoint {
+            Endpoint::Chat => serde_json::to_vec(&ChatCompletionResponse {
+                id: self.id.clone(),
+                object: "chat.completion".into(),
+                created: 0,
+                model: self.model.clone(),
+                choices: vec![ChatChoice {
+                    index: 0,
+                    message: AssistantMessage {
+                        role: "assistant".into(),
+                        content: text,
+                    },
+                    finish_reason: Some(self.finish_reason.into()),
+                }],
+                usage: self.usage(),
+            }),
+            Endpoint::Completions => serde_json::to_vec(&CompletionResponse {
+                id: self.id.clone(),
+                object: "text_completion".into(),
+                created: 0,
+                model: self.model.clone(),
+                choices: vec![CompletionChoice {
+                    index: 0,
+                    text,
+                    finish_reason: Some(self.finish_reason.into()),
+                }],
+                usage: Some(self.usage()),
+            }),
+        };
+        result.unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn echoes_the_last_user_message_within_max_tokens() {
+        let body = br#"{"model":"m","max_tokens":2,"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"one two three"}]}"#;
+        let job = plan(Endpoint::Chat, body, "x".into()).unwrap();
+        assert_eq!(job.tokens, vec!["one ", "two "]);
+        assert_eq!(job.finish_reason, "length");
+        assert_eq!(job.prompt_tokens, 5);
+        let job = plan(
+            Endpoint::Completions,
+            br#"{"model":"m","prompt":[1,2]}"#,
+            "x".into(),
+        )
+        .unwrap();
+        assert_eq!(job.tokens.concat(), "t1 t2");
+        assert_eq!(job.finish_reason, "stop");
+    }
+}
