@@ -2,31 +2,21 @@
 //! generators use). Unknown request fields are ignored, as OpenAI-compatible servers do, so a
 //! client's extensions pass through the gateway untouched.
 
+use crate::{ApiError, ErrorKind};
 use serde::{Deserialize, Serialize};
 
-/// `POST /v1/chat/completions`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ChatCompletionRequest {
+/// A `POST /v1/chat/completions` (with `messages`) or `POST /v1/completions` (with `prompt`)
+/// request. One type for both, with no flattening, so that a parse error names its field and a
+/// large body is not buffered twice.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GenerationRequest {
     pub model: String,
-    pub messages: Vec<ChatMessage>,
-    #[serde(flatten)]
-    pub options: GenerationOptions,
-}
-
-/// `POST /v1/completions`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CompletionRequest {
-    pub model: String,
-    pub prompt: Prompt,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<Vec<ChatMessage>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<Prompt>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub echo: bool,
-    #[serde(flatten)]
-    pub options: GenerationOptions,
-}
-
-/// Sampling and streaming options shared by both endpoints.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct GenerationOptions {
     #[serde(default)]
     pub stream: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -55,7 +45,47 @@ pub struct GenerationOptions {
     pub top_logprobs: Option<u32>,
 }
 
-impl GenerationOptions {
+/// Which OpenAI endpoint a request came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completions,
+}
+
+impl Endpoint {
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::Completions => "/v1/completions",
+        }
+    }
+}
+
+impl GenerationRequest {
+    /// Checks what the endpoint requires: `messages` (non-empty) for chat, `prompt` for
+    /// completions, and a non-empty `model`.
+    pub fn validate(&self, endpoint: Endpoint) -> Result<(), ApiError> {
+        let invalid = |message: &str, param: &str| {
+            Err(ApiError::new(ErrorKind::InvalidRequest, message).with_param(param))
+        };
+        if self.model.trim().is_empty() {
+            return invalid("`model` must not be empty", "model");
+        }
+        match endpoint {
+            Endpoint::Chat => match &self.messages {
+                None => invalid("missing field `messages`", "messages"),
+                Some(m) if m.is_empty() => {
+                    invalid("`messages` must contain at least one message", "messages")
+                }
+                Some(_) => Ok(()),
+            },
+            Endpoint::Completions if self.prompt.is_none() => {
+                invalid("missing field `prompt`", "prompt")
+            }
+            Endpoint::Completions => Ok(()),
+        }
+    }
+
     /// The output limit: `max_completion_tokens` (newer name) wins over `max_tokens`.
     pub fn max_output_tokens(&self) -> Option<u32> {
         self.max_completion_tokens.or(self.max_tokens)
@@ -284,24 +314,33 @@ mod tests {
         let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],
             "stream":true,"stream_options":{"include_usage":true},"max_completion_tokens":7,
             "ignore_eos":true,"seed":3,"stop":["x","y"],"user":"u","unknown_field":1}"#;
-        let r: ChatCompletionRequest = serde_json::from_str(body).unwrap();
-        assert!(r.options.stream && r.options.include_usage() && r.options.ignore_eos);
-        assert_eq!(r.options.max_output_tokens(), Some(7));
+        let r: GenerationRequest = serde_json::from_str(body).unwrap();
+        assert!(r.stream && r.include_usage() && r.ignore_eos);
+        assert_eq!(r.max_output_tokens(), Some(7));
         assert_eq!(
-            r.options.stop.as_ref().map(Stop::as_slice),
+            r.stop.as_ref().map(Stop::as_slice),
             Some(&["x".into(), "y".into()][..])
         );
+        let messages = r.messages.as_deref().unwrap_or_default();
         assert_eq!(
-            r.messages[0].content.as_ref().map(MessageContent::text),
+            messages[0].content.as_ref().map(MessageContent::text),
             Some("hi".into())
+        );
+        assert!(r.validate(Endpoint::Chat).is_ok());
+        assert_eq!(
+            r.validate(Endpoint::Completions)
+                .unwrap_err()
+                .param
+                .as_deref(),
+            Some("prompt")
         );
     }
 
     #[test]
     fn prompt_takes_every_openai_form() {
         let parse = |p: &str| {
-            serde_json::from_str::<CompletionRequest>(&format!(r#"{{"model":"m","prompt":{p}}}"#))
-                .map(|r| r.prompt)
+            serde_json::from_str::<GenerationRequest>(&format!(r#"{{"model":"m","prompt":{p}}}"#))
+                .map(|r| r.prompt.unwrap_or(Prompt::Text(String::new())))
         };
         assert_eq!(parse(r#""a""#).unwrap(), Prompt::Text("a".into()));
         assert_eq!(

@@ -1,11 +1,12 @@
 //! The admin listener: replica state with last scores, decision explanations, reload, metrics.
 
 use crate::gateway::Gateway;
-use crate::proxy::request::{self, Endpoint};
+use crate::proxy::request;
 use crate::proxy::respond;
 use async_trait::async_trait;
 use bytes::BytesMut;
 use http::Method;
+use kvgate_protocol::openai::Endpoint;
 use kvgate_protocol::{ApiError, ErrorKind};
 use pingora_core::apps::{HttpPersistentSettings, HttpServerApp, ReusedHttpStream};
 use pingora_core::protocols::http::ServerSession;

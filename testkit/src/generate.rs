@@ -1,18 +1,12 @@
 //! Deterministic "generation": the answer is the prompt's last user text echoed word by word,
 //! so a test knows the right content whichever worker served it.
 
+pub use kvgate_protocol::openai::Endpoint;
 use kvgate_protocol::openai::{
-    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
-    ChatCompletionResponse, ChatDelta, CompletionChoice, CompletionRequest, CompletionResponse,
-    Prompt, Usage,
+    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
+    ChatDelta, ChatMessage, CompletionChoice, CompletionResponse, GenerationRequest, Prompt, Usage,
 };
 use kvgate_protocol::{ApiError, ErrorKind};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    Chat,
-    Completions,
-}
 
 /// One request's planned output.
 #[derive(Debug, Clone)]
@@ -30,65 +24,12 @@ pub struct Job {
 /// Default output limit when the request sets none.
 const DEFAULT_MAX_TOKENS: u32 = 16;
 
-/// The text a request's answer echoes.
-pub fn echoed_text(
-    endpoint: Endpoint,
-    body: &[u8],
-) -> Result<
-    (
-        String,
-        String,
-        kvgate_protocol::openai::GenerationOptions,
-        String,
-    ),
-    ApiError,
-> {
-    let bad = |e: serde_json::Error| {
-        ApiError::new(ErrorKind::InvalidRequest, format!("invalid request: {e}"))
-    };
-    match endpoint {
-        Endpoint::Chat => {
-            let r: ChatCompletionRequest = serde_json::from_slice(body).map_err(bad)?;
-            let all: String = r
-                .messages
-                .iter()
-                .filter_map(|m| m.content.as_ref().map(|c| c.text()))
-                .collect::<Vec<_>>()
-                .join(" ");
-            let last_user = r
-                .messages
-                .iter()
-                .rev()
-                .find(|m| m.role == "user")
-                .and_then(|m| m.content.as_ref().map(|c| c.text()))
-                .unwrap_or_default();
-            Ok((r.model, last_user, r.options, all))
-        }
-        Endpoint::Completions => {
-            let r: CompletionRequest = serde_json::from_slice(body).map_err(bad)?;
-            let text = match &r.prompt {
-                Prompt::Text(s) => s.clone(),
-                Prompt::Texts(v) => v.join(" "),
-                Prompt::Tokens(ids) => ids
-                    .iter()
-                    .map(|t| format!("t{t}"))
-                    .collect::<Vec<_>>()
-                    .join(" "),
-                Prompt::TokenLists(l) => l
-                    .iter()
-                    .flatten()
-                    .map(|t| format!("t{t}"))
-                    .collect::<Vec<_>>()
-                    .join(" "),
-            };
-            Ok((r.model, text.clone(), r.options, text))
-        }
-    }
-}
-
 pub fn plan(endpoint: Endpoint, body: &[u8], id: String) -> Result<Job, ApiError> {
-    let (model, echoed, options, whole) = echoed_text(endpoint, body)?;
-    let max = options.max_output_tokens().unwrap_or(DEFAULT_MAX_TOKENS) as usize;
+    let request: GenerationRequest = serde_json::from_slice(body)
+        .map_err(|e| ApiError::new(ErrorKind::InvalidRequest, format!("invalid request: {e}")))?;
+    request.validate(endpoint)?;
+    let (echoed, whole) = echoed_text(endpoint, &request);
+    let max = request.max_output_tokens().unwrap_or(DEFAULT_MAX_TOKENS) as usize;
     let words: Vec<String> = echoed.split_inclusive(' ').map(str::to_string).collect();
     let finish_reason = if words.len() > max { "length" } else { "stop" };
     let mut tokens: Vec<String> = words.into_iter().take(max).collect();
@@ -96,15 +37,48 @@ pub fn plan(endpoint: Endpoint, body: &[u8], id: String) -> Result<Job, ApiError
         tokens.push("ok".into());
     }
     Ok(Job {
+        include_usage: request.include_usage(),
         endpoint,
         id,
-        model,
+        model: request.model,
         tokens,
-        stream: options.stream,
-        include_usage: options.include_usage(),
+        stream: request.stream,
         prompt_tokens: whole.split_whitespace().count() as u32,
         finish_reason,
     })
+}
+
+/// The text the answer echoes (chat: the last user message; completions: the prompt), and
+/// the whole prompt's text (its words are the prompt tokens).
+fn echoed_text(endpoint: Endpoint, request: &GenerationRequest) -> (String, String) {
+    let words = |ids: &mut dyn Iterator<Item = &u32>| {
+        ids.map(|t| format!("t{t}")).collect::<Vec<_>>().join(" ")
+    };
+    match (endpoint, &request.messages, &request.prompt) {
+        (Endpoint::Chat, Some(messages), _) => {
+            let text = |m: &ChatMessage| m.content.as_ref().map(|c| c.text()).unwrap_or_default();
+            let last_user = messages
+                .iter()
+                .rev()
+                .find(|m| m.role == "user")
+                .map(text)
+                .unwrap_or_default();
+            (
+                last_user,
+                messages.iter().map(text).collect::<Vec<_>>().join(" "),
+            )
+        }
+        (_, _, Some(prompt)) => {
+            let text = match prompt {
+                Prompt::Text(s) => s.clone(),
+                Prompt::Texts(v) => v.join(" "),
+                Prompt::Tokens(ids) => words(&mut ids.iter()),
+                Prompt::TokenLists(lists) => words(&mut lists.iter().flatten()),
+            };
+            (text.clone(), text)
+        }
+        _ => (String::new(), String::new()),
+    }
 }
 
 impl Job {

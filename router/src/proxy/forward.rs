@@ -5,12 +5,12 @@
 //! first byte is written to the client the request is never retried: a failure mid-stream ends
 //! an SSE stream with an error event, or closes a non-streamed response.
 
-use super::request::Endpoint;
 use super::respond;
 use crate::gateway::{Gateway, Route, Snapshot};
 use crate::replica::{FailureOutcome, InFlight, Replica};
 use bytes::Bytes;
 use kvgate_policies::{Candidate, RequestFeatures};
+use kvgate_protocol::openai::Endpoint;
 use kvgate_protocol::{ApiError, ErrorKind};
 use pingora_core::connectors::http::Connector;
 use pingora_core::protocols::http::client::HttpSession;
@@ -67,7 +67,7 @@ enum Attempt {
 impl Forward<'_> {
     pub async fn run(&self, client: &mut ServerSession, route: Route) -> Outcome {
         let attempts = self.snapshot.config.retries.attempts as usize;
-        let route_label = self.endpoint.route();
+        let route_label = self.endpoint.path();
         let mut first = Some(route.first);
         let mut last_error =
             ApiError::new(ErrorKind::Unavailable, "no replica could take the request");
@@ -318,7 +318,7 @@ impl Forward<'_> {
         let path = req
             .uri
             .path_and_query()
-            .map_or(self.endpoint.route(), |p| p.as_str());
+            .map_or(self.endpoint.path(), |p| p.as_str());
         let mut header = RequestHeader::build(
             req.method.clone(),
             path.as_bytes(),
@@ -392,7 +392,7 @@ impl Forward<'_> {
             .response_header()
             .and_then(|h| h.headers.get(http::header::CONTENT_TYPE))
             .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-        let route = self.endpoint.route();
+        let route = self.endpoint.path();
         let mut first_chunk = true;
         loop {
             let read = tokio::select! {

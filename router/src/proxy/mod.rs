@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use body::BodyError;
 use forward::{Forward, Outcome};
 use http::Method;
+use kvgate_protocol::openai::Endpoint;
 use kvgate_protocol::openai::ModelList;
 use kvgate_protocol::{ApiError, ErrorKind};
 use pingora_core::apps::{
@@ -17,11 +18,13 @@ use pingora_core::apps::{
 };
 use pingora_core::protocols::http::ServerSession;
 use pingora_core::server::ShutdownWatch;
-use request::Endpoint;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 use tracing::Instrument;
+
+/// How long an over-limit request body is drained after its 413 before the connection closes.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 
 pub struct ProxyApp {
     gateway: Arc<Gateway>,
@@ -145,13 +148,16 @@ impl ProxyApp {
     ) -> Outcome {
         let gateway = &self.gateway;
         let snapshot = gateway.snapshot();
-        let route_label = endpoint.route();
+        let route_label = endpoint.path();
         let body = match body::read_body(session, snapshot.config.limits.max_body_bytes).await {
             Ok(body) => body,
             Err(BodyError::TooLarge(error)) => {
-                // The rest of the body is unread: the connection cannot be reused.
+                // The rest of the body is unread: the connection cannot be reused. Discard
+                // what the client still sends for a moment (a lingering close, as nginx does),
+                // so that it can read the 413 instead of a connection reset.
                 session.set_keepalive(None);
                 self.reject(session, route_label, error, request_id).await;
+                let _ = tokio::time::timeout(LINGER, session.drain_request_body()).await;
                 return Outcome::Close;
             }
             Err(BodyError::Client(reason)) => {

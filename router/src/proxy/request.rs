@@ -1,25 +1,10 @@
 //! Parsing a request body into what routing needs. The body itself is forwarded unchanged.
 
 use kvgate_policies::{PolicyConfig, RequestFeatures};
-use kvgate_protocol::openai::{ChatCompletionRequest, CompletionRequest, Prompt};
+use kvgate_protocol::openai::{Endpoint, GenerationRequest, Prompt};
 use kvgate_protocol::{text_chunk_hashes, ApiError, ErrorKind, HashSeed};
 use serde::de::DeserializeOwned;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    Chat,
-    Completions,
-}
-
-impl Endpoint {
-    pub fn route(self) -> &'static str {
-        match self {
-            Endpoint::Chat => "/v1/chat/completions",
-            Endpoint::Completions => "/v1/completions",
-        }
-    }
-}
 
 #[derive(Debug, Clone)]
 pub struct RoutedRequest {
@@ -32,17 +17,12 @@ pub fn parse(
     body: &[u8],
     policy: &PolicyConfig,
 ) -> Result<RoutedRequest, ApiError> {
-    let (model, text) = match endpoint {
-        Endpoint::Chat => {
-            let r: ChatCompletionRequest = deserialize(body)?;
-            if r.messages.is_empty() {
-                return Err(invalid(
-                    "`messages` must contain at least one message",
-                    "messages",
-                ));
-            }
+    let request: GenerationRequest = deserialize(body)?;
+    request.validate(endpoint)?;
+    let text = match (&request.messages, &request.prompt) {
+        (Some(messages), _) if endpoint == Endpoint::Chat => {
             let mut text = String::new();
-            for m in &r.messages {
+            for m in messages {
                 text.push_str(&m.role);
                 text.push('\n');
                 if let Some(c) = &m.content {
@@ -50,19 +30,14 @@ pub fn parse(
                 }
                 text.push('\n');
             }
-            (r.model, text.into_bytes())
+            text.into_bytes()
         }
-        Endpoint::Completions => {
-            let r: CompletionRequest = deserialize(body)?;
-            (r.model, prompt_bytes(&r.prompt))
-        }
+        (_, Some(prompt)) => prompt_bytes(prompt),
+        _ => Vec::new(),
     };
-    if model.trim().is_empty() {
-        return Err(invalid("`model` must not be empty", "model"));
-    }
     Ok(RoutedRequest {
-        features: features(&model, &text, policy),
-        model,
+        features: features(&request.model, &text, policy),
+        model: request.model,
     })
 }
 
@@ -93,10 +68,6 @@ fn prompt_bytes(prompt: &Prompt) -> Vec<u8> {
         Prompt::Tokens(ids) => tokens(ids),
         Prompt::TokenLists(lists) => lists.iter().flat_map(|l| tokens(l)).collect(),
     }
-}
-
-fn invalid(message: &str, param: &str) -> ApiError {
-    ApiError::new(ErrorKind::InvalidRequest, message).with_param(param)
 }
 
 /// Deserializes with the failing field's path in the error (`messages[0].role`).

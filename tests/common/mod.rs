@@ -1,0 +1,341 @@
+//! Shared harness for the end-to-end tests: starts the real `kvgate` binary's processes on
+//! free loopback ports and talks HTTP to them.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const MODEL: &str = "test-model";
+
+/// A child process killed when dropped.
+pub struct Proc {
+    pub child: Child,
+    pub name: String,
+}
+
+impl Proc {
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{signal} {}", self.name);
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn kvgate() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_kvgate"))
+}
+
+fn spawn(mut cmd: Command, name: &str) -> Proc {
+    let log = std::env::temp_dir().join(format!("kvgate-test-{name}-{}.log", std::process::id()));
+    let file = std::fs::File::create(&log).unwrap();
+    cmd.stdout(Stdio::null())
+        .stderr(file)
+        .env("KVGATE_LOG", "info,pingora_core=warn");
+    Proc {
+        child: cmd.spawn().unwrap(),
+        name: name.to_string(),
+    }
+}
+
+/// A test worker on a free port.
+pub struct Worker {
+    pub proc: Proc,
+    pub port: u16,
+}
+
+impl Worker {
+    pub async fn start(extra: &[&str]) -> Worker {
+        Self::start_on(free_port(), extra).await
+    }
+
+    pub async fn start_on(port: u16, extra: &[&str]) -> Worker {
+        let mut cmd = kvgate();
+        cmd.args([
+            "fault-worker",
+            "--port",
+            &port.to_string(),
+            "--id",
+            &format!("w{port}"),
+        ])
+        .args(extra);
+        let proc = spawn(cmd, &format!("worker-{port}"));
+        wait_ok(&format!("http://127.0.0.1:{port}/health")).await;
+        Worker { proc, port }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn id(&self) -> String {
+        format!("w{}", self.port)
+    }
+
+    pub async fn set_faults(&self, faults: serde_json::Value) {
+        let r = client()
+            .post(format!("{}/fault", self.url()))
+            .json(&faults)
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            r.status().is_success(),
+            "set faults: {}",
+            r.text().await.unwrap()
+        );
+    }
+
+    pub async fn stats(&self) -> serde_json::Value {
+        client()
+            .get(format!("{}/stats", self.url()))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+}
+
+pub struct Gateway {
+    pub proc: Proc,
+    pub port: u16,
+    pub admin_port: u16,
+    pub config: PathBuf,
+}
+
+impl Gateway {
+    /// Starts a gateway over `workers`; `extra` is appended to the YAML (top-level keys).
+    pub async fn start(workers: &[&Worker], extra: &str) -> Gateway {
+        let (port, admin_port) = (free_port(), free_port());
+        let config = std::env::temp_dir().join(format!("kvgate-test-{port}.yaml"));
+        std::fs::write(&config, Self::yaml(port, admin_port, workers, extra)).unwrap();
+        let mut cmd = kvgate();
+        cmd.args(["gateway", "--config", config.to_str().unwrap()]);
+        let proc = spawn(cmd, &format!("gateway-{port}"));
+        let gw = Gateway {
+            proc,
+            port,
+            admin_port,
+            config,
+        };
+        wait_ok(&format!("{}/health", gw.url())).await;
+        gw.wait_until(|replicas| replicas.iter().all(|r| r["models"].is_array()))
+            .await;
+        gw
+    }
+
+    pub fn yaml(port: u16, admin_port: u16, workers: &[&Worker], extra: &str) -> String {
+        let mut yaml =
+            format!("listen: \"127.0.0.1:{port}\"\nadmin_listen: \"127.0.0.1:{admin_port}\"\n");
+        if !extra.contains("health:") {
+            yaml.push_str("health:\n  interval_ms: 200\n  ejection_base_ms: 500\n");
+        }
+        yaml.push_str("replicas:\n");
+        for w in workers {
+            yaml.push_str(&format!(
+                "  - url: \"{}\"\n    id: \"{}\"\n",
+                w.url(),
+                w.id()
+            ));
+        }
+        yaml.push_str(extra);
+        yaml
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn admin(&self) -> String {
+        format!("http://127.0.0.1:{}", self.admin_port)
+    }
+
+    pub async fn replicas(&self) -> Vec<serde_json::Value> {
+        let v: serde_json::Value = client()
+            .get(format!("{}/admin/replicas", self.admin()))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        v["replicas"].as_array().unwrap().clone()
+    }
+
+    /// Polls the admin API until `check` holds (10 s at most).
+    pub async fn wait_until(&self, check: impl Fn(&[serde_json::Value]) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let replicas = self.replicas().await;
+            if check(&replicas) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "condition not reached; replicas: {replicas:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn metrics(&self) -> String {
+        client()
+            .get(format!("{}/metrics", self.url()))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+pub async fn wait_ok(url: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let c = reqwest::Client::builder()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    while Instant::now() < deadline {
+        if let Ok(r) = c.get(url).send().await {
+            if r.status().is_success() {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{url} never became healthy");
+}
+
+pub fn chat(content: &str, stream: bool) -> serde_json::Value {
+    serde_json::json!({
+        "model": MODEL,
+        "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": content}],
+        "stream": stream,
+        "max_tokens": 64,
+    })
+}
+
+pub fn completion(prompt: &str, stream: bool) -> serde_json::Value {
+    serde_json::json!({ "model": MODEL, "prompt": prompt, "stream": stream, "max_tokens": 64 })
+}
+
+/// The outcome of one request as a client sees it.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub text: String,
+    pub replica: Option<String>,
+    /// A streamed `{"error": ...}` event arrived.
+    pub stream_error: bool,
+    pub done: bool,
+}
+
+/// Sends a request and collects the answer text (streamed or not).
+pub async fn send(
+    client: &reqwest::Client,
+    url: &str,
+    path: &str,
+    body: &serde_json::Value,
+) -> Answer {
+    let stream = body["stream"].as_bool().unwrap_or(false);
+    let mut resp = client
+        .post(format!("{url}{path}"))
+        .header("x-kvgate-debug", "1")
+        .json(body)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("request failed: {e}"));
+    let status = resp.status().as_u16();
+    let replica = resp
+        .headers()
+        .get("x-kvgate-replica")
+        .map(|v| v.to_str().unwrap().to_string());
+    if !stream || status != 200 {
+        let v: serde_json::Value = resp.json().await.unwrap_or_default();
+        let text = v["choices"][0]["message"]["content"]
+            .as_str()
+            .or(v["choices"][0]["text"].as_str())
+            .unwrap_or("");
+        return Answer {
+            status,
+            text: text.to_string(),
+            replica,
+            stream_error: v.get("error").is_some(),
+            done: true,
+        };
+    }
+    let mut raw = Vec::new();
+    loop {
+        match resp.chunk().await {
+            Ok(Some(c)) => raw.extend_from_slice(&c),
+            Ok(None) => break,
+            Err(_) => break,
+        }
+    }
+    let (text, stream_error, done) = parse_sse(&String::from_utf8_lossy(&raw));
+    Answer {
+        status,
+        text,
+        replica,
+        stream_error,
+        done,
+    }
+}
+
+/// Text content, whether an error event arrived, and whether `[DONE]` arrived.
+pub fn parse_sse(raw: &str) -> (String, bool, bool) {
+    let mut text = String::new();
+    let (mut error, mut done) = (false, false);
+    for line in raw.lines() {
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            done = true;
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(data).unwrap();
+        if v.get("error").is_some() {
+            error = true;
+        }
+        if let Some(t) = v["choices"][0]["delta"]["content"]
+            .as_str()
+            .or(v["choices"][0]["text"].as_str())
+        {
+            text.push_str(t);
+        }
+    }
+    (text, error, done)
+}

@@ -1,0 +1,191 @@
+//! The gateway in front of three test workers: correctness under mixed load, and where
+//! requests land.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::*;
+use std::collections::HashMap;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_hundred_mixed_requests_all_succeed_with_the_right_content() {
+    let (a, b, c) = (
+        Worker::start(&[]).await,
+        Worker::start(&[]).await,
+        Worker::start(&[]).await,
+    );
+    let gw = Gateway::start(&[&a, &b, &c], "").await;
+    let client = client();
+    let mut tasks = tokio::task::JoinSet::new();
+    let per_task = 500 / 16;
+    for t in 0..16 {
+        let (client, url) = (client.clone(), gw.url());
+        let count = if t < 500 % 16 { per_task + 1 } else { per_task };
+        tasks.spawn(async move {
+            let mut seen = HashMap::<String, usize>::new();
+            for i in 0..count {
+                let content = format!("request {t} {i} says hello");
+                let (path, body) = match i % 4 {
+                    0 => ("/v1/chat/completions", chat(&content, false)),
+                    1 => ("/v1/chat/completions", chat(&content, true)),
+                    2 => ("/v1/completions", completion(&content, false)),
+                    _ => ("/v1/completions", completion(&content, true)),
+                };
+                let answer = send(&client, &url, path, &body).await;
+                assert_eq!(answer.status, 200, "{answer:?}");
+                assert_eq!(answer.text, content, "wrong content for {path}");
+                assert!(answer.done && !answer.stream_error);
+                *seen.entry(answer.replica.unwrap()).or_default() += 1;
+            }
+            (count, seen)
+        });
+    }
+    let mut total = 0;
+    let mut per_replica = HashMap::<String, usize>::new();
+    while let Some(r) = tasks.join_next().await {
+        let (count, seen) = r.unwrap();
+        total += count;
+        for (k, v) in seen {
+            *per_replica.entry(k).or_default() += v;
+        }
+    }
+    assert_eq!(total, 500);
+    assert_eq!(
+        per_replica.len(),
+        3,
+        "distinct prompts use every replica: {per_replica:?}"
+    );
+    let metrics = gw.metrics().await;
+    assert!(
+        metrics.contains("kvgate_requests_total{replica=\""),
+        "{metrics}"
+    );
+    assert!(metrics.contains("kvgate_routing_decision_seconds_count"));
+    assert!(metrics.contains("kvgate_time_to_first_token_seconds_bucket"));
+}
+
+fn shared_prefix_prompt(i: usize) -> serde_json::Value {
+    let system = "Shared system prompt with tools and rules. ".repeat(50); // ~2 KiB
+    assert!(system.len() >= 2048);
+    serde_json::json!({
+        "model": MODEL,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": format!("question {i}")}],
+        "max_tokens": 4,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_prefix_sticks_to_one_replica_until_it_is_saturated() {
+    let (a, b, c) = (
+        Worker::start(&[]).await,
+        Worker::start(&[]).await,
+        Worker::start(&[]).await,
+    );
+    let workers = [&a, &b, &c];
+    let gw = Gateway::start(&workers, "").await;
+    let client = client();
+
+    // One at a time: the owner is never over the load bound, so every request sticks.
+    let mut owner = None;
+    for i in 0..20 {
+        let answer = send(
+            &client,
+            &gw.url(),
+            "/v1/chat/completions",
+            &shared_prefix_prompt(i),
+        )
+        .await;
+        assert_eq!(answer.status, 200);
+        let replica = answer.replica.unwrap();
+        assert_eq!(
+            owner.get_or_insert(replica.clone()),
+            &replica,
+            "request {i} left the prefix owner"
+        );
+    }
+    let owner = owner.unwrap();
+
+    // Slow every worker down and send 9 at once: the owner saturates and the rest spill.
+    for w in workers {
+        w.set_faults(serde_json::json!({ "first_token_delay_ms": 800 }))
+            .await;
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..9 {
+        let (client, url) = (client.clone(), gw.url());
+        tasks.spawn(async move {
+            let answer = send(
+                &client,
+                &url,
+                "/v1/chat/completions",
+                &shared_prefix_prompt(100 + i),
+            )
+            .await;
+            assert_eq!(answer.status, 200);
+            answer.replica.unwrap()
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let mut landed = HashMap::<String, usize>::new();
+    while let Some(r) = tasks.join_next().await {
+        *landed.entry(r.unwrap()).or_default() += 1;
+    }
+    let on_owner = landed.get(&owner).copied().unwrap_or(0);
+    assert!(
+        on_owner >= 1,
+        "the owner takes what its bound allows: {landed:?}"
+    );
+    assert!(on_owner < 9, "a saturated owner must spill: {landed:?}");
+    // bound for the 9th decision: ceil(1.25 * 9 / 3) = 4
+    assert!(
+        on_owner <= 4,
+        "the owner exceeded the load bound: {landed:?}"
+    );
+
+    // Recovered: the prefix comes back to its owner.
+    for w in workers {
+        w.set_faults(serde_json::json!({})).await;
+    }
+    let answer = send(
+        &client,
+        &gw.url(),
+        "/v1/chat/completions",
+        &shared_prefix_prompt(999),
+    )
+    .await;
+    assert_eq!(answer.replica.unwrap(), owner);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distinct_cold_prefixes_spread_within_the_load_factor() {
+    let slow = ["--first-token-delay-ms", "1000"];
+    let (a, b, c) = (
+        Worker::start(&slow).await,
+        Worker::start(&slow).await,
+        Worker::start(&slow).await,
+    );
+    let gw = Gateway::start(&[&a, &b, &c], "").await;
+    let client = client();
+    let mut tasks = tokio::task::JoinSet::new();
+    let n = 30;
+    for i in 0..n {
+        let (client, url) = (client.clone(), gw.url());
+        tasks.spawn(async move {
+            let body = completion(&format!("{i} a distinct cold prompt number {i}"), false);
+            let answer = send(&client, &url, "/v1/completions", &body).await;
+            assert_eq!(answer.status, 200);
+            answer.replica.unwrap()
+        });
+    }
+    let mut landed = HashMap::<String, usize>::new();
+    while let Some(r) = tasks.join_next().await {
+        *landed.entry(r.unwrap()).or_default() += 1;
+    }
+    // All 30 are in flight together, so bounded load caps each replica at ceil(1.25 * 30 / 3).
+    let cap = (1.25f64 * n as f64 / 3.0).ceil() as usize;
+    assert_eq!(landed.len(), 3, "{landed:?}");
+    assert!(
+        landed.values().all(|&v| v <= cap),
+        "a replica took more than {cap}: {landed:?}"
+    );
+}
