@@ -46,10 +46,10 @@ pub fn parse_str(text: &str) -> Result<GatewayConfig, Vec<ConfigError>> {
         let line = inner.location().map(|l| l.line());
         // The parser's message repeats the location; keep only what went wrong.
         let message = inner.to_string();
+        let message = message.split(" at line ").next().unwrap_or(&message);
         let message = message
-            .split(" at line ")
-            .next()
-            .unwrap_or(&message)
+            .strip_prefix(&format!("{path}: "))
+            .unwrap_or(message)
             .to_string();
         vec![ConfigError {
             path,
@@ -88,7 +88,7 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(errs.len(), 1);
-        assert_eq!(errs[0].path, "replicas[0]");
+        assert_eq!(errs[0].path, "replicas[0].wieght");
         assert_eq!(errs[0].line, Some(4));
         assert!(errs[0].message.contains("wieght"), "{}", errs[0]);
     }
