@@ -4,6 +4,7 @@
 
 pub mod config;
 mod fleet;
+mod hashed_key;
 mod lru;
 mod prefix_index;
 mod ring;

@@ -1,7 +1,7 @@
 //! A fixed-capacity set of u64 keys with O(1) insert, touch and least-recently-used eviction:
 //! a hash map into a slab of doubly linked nodes.
 
-use std::collections::HashMap;
+use crate::hashed_key::HashKeyMap;
 
 const NIL: u32 = u32::MAX;
 
@@ -15,7 +15,7 @@ struct Node {
 #[derive(Debug, Clone)]
 pub struct LruSet {
     capacity: usize,
-    map: HashMap<u64, u32>,
+    map: HashKeyMap<u32>,
     nodes: Vec<Node>,
     /// Most recently used.
     head: u32,
@@ -27,7 +27,7 @@ impl LruSet {
     pub fn new(capacity: usize) -> Self {
         LruSet {
             capacity: capacity.max(1),
-            map: HashMap::new(),
+            map: HashKeyMap::default(),
             nodes: Vec::new(),
             head: NIL,
             tail: NIL,

@@ -2,15 +2,15 @@
 //! from the gateway's own routing decisions. Each replica remembers at most `capacity` chunk
 //! hashes (LRU), standing in for the KV cache it cannot see.
 
+use crate::hashed_key::HashKeyMap;
 use crate::lru::LruSet;
 use crate::ReplicaId;
-use std::collections::HashMap;
 
 #[derive(Debug, Clone)]
 pub struct ApproxPrefixIndex {
     capacity: usize,
     /// chunk hash -> replicas believed to hold it.
-    holders: HashMap<u64, Vec<ReplicaId>>,
+    holders: HashKeyMap<Vec<ReplicaId>>,
     /// Per replica slot: its remembered chunks.
     per_replica: Vec<LruSet>,
 }
@@ -19,7 +19,7 @@ impl ApproxPrefixIndex {
     pub fn new(capacity: usize) -> Self {
         ApproxPrefixIndex {
             capacity,
-            holders: HashMap::new(),
+            holders: HashKeyMap::default(),
             per_replica: Vec::new(),
         }
     }
