@@ -4,7 +4,6 @@
 
 pub mod config;
 mod fleet;
-mod hashed_key;
 mod lru;
 mod prefix_index;
 mod ring;

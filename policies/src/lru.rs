@@ -1,7 +1,7 @@
 //! A fixed-capacity set of u64 keys with O(1) insert, touch and least-recently-used eviction:
 //! a hash map into a slab of doubly linked nodes.
 
-use crate::hashed_key::HashKeyMap;
+use kvgate_protocol::HashKeyMap;
 
 const NIL: u32 = u32::MAX;
 

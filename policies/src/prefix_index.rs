@@ -2,9 +2,9 @@
 //! from the gateway's own routing decisions. Each replica remembers at most `capacity` chunk
 //! hashes (LRU), standing in for the KV cache it cannot see.
 
-use crate::hashed_key::HashKeyMap;
 use crate::lru::LruSet;
 use crate::ReplicaId;
+use kvgate_protocol::HashKeyMap;
 
 #[derive(Debug, Clone)]
 pub struct ApproxPrefixIndex {

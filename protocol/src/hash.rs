@@ -30,23 +30,58 @@ impl HashSeed {
 /// Hashes of the full `block_size`-token blocks of `tokens` (token mode).
 /// `block_size` of zero yields no blocks.
 pub fn block_hashes(seed: HashSeed, tokens: &[u32], block_size: usize) -> Vec<u64> {
+    let mut hashes = Vec::with_capacity(tokens.len() / block_size.max(1));
+    extend_block_hashes(seed, tokens, block_size, &mut hashes);
+    hashes
+}
+
+/// Appends the hashes of the full blocks of `tokens` that `hashes` does not cover yet, for a
+/// sequence that grows (a request's prompt, then its output).
+pub fn extend_block_hashes(
+    seed: HashSeed,
+    tokens: &[u32],
+    block_size: usize,
+    hashes: &mut Vec<u64>,
+) {
     if block_size == 0 {
-        return Vec::new();
+        return;
     }
     let mut buf = Vec::with_capacity(block_size * 4);
-    let mut prev = seed.0;
-    tokens
-        .chunks_exact(block_size)
-        .map(|block| {
-            buf.clear();
-            for t in block {
-                buf.extend_from_slice(&t.to_le_bytes());
-            }
-            prev = xxh3_64_with_seed(&buf, prev);
-            prev
-        })
-        .collect()
+    let mut prev = hashes.last().copied().unwrap_or(seed.0);
+    for block in tokens.chunks_exact(block_size).skip(hashes.len()) {
+        buf.clear();
+        for t in block {
+            buf.extend_from_slice(&t.to_le_bytes());
+        }
+        prev = xxh3_64_with_seed(&buf, prev);
+        hashes.push(prev);
+    }
 }
+
+/// Passes a u64 key through unchanged: for maps keyed by these hashes, which need no rehash.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PassThroughHasher(u64);
+
+impl std::hash::Hasher for PassThroughHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u64 keys are expected; fold anything else in so it still works.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, key: u64) {
+        self.0 = key;
+    }
+}
+
+/// A map keyed by a block or chunk hash.
+pub type HashKeyMap<V> =
+    std::collections::HashMap<u64, V, std::hash::BuildHasherDefault<PassThroughHasher>>;
 
 /// Hashes of the full `chunk_bytes`-byte chunks of `text` (text mode, for engines whose token
 /// hashes we cannot reproduce). `chunk_bytes` of zero yields no chunks.
@@ -76,6 +111,16 @@ mod tests {
         assert!(block_hashes(SEED, &[1; 15], 16).is_empty());
         assert!(block_hashes(SEED, &[1; 15], 0).is_empty());
         assert_eq!(text_chunk_hashes(SEED, &[0; 512], 256).len(), 2);
+    }
+
+    #[test]
+    fn extending_matches_hashing_at_once() {
+        let tokens: Vec<u32> = (0..100).collect();
+        let mut grown = Vec::new();
+        for end in [10, 40, 41, 100] {
+            extend_block_hashes(SEED, &tokens[..end], 16, &mut grown);
+        }
+        assert_eq!(grown, block_hashes(SEED, &tokens, 16));
     }
 
     #[test]

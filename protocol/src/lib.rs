@@ -4,7 +4,8 @@
 
 pub mod error;
 pub mod hash;
+pub mod kv_events;
 pub mod openai;
 
 pub use error::{ApiError, ErrorBody, ErrorKind};
-pub use hash::{block_hashes, text_chunk_hashes, HashSeed};
+pub use hash::{block_hashes, extend_block_hashes, text_chunk_hashes, HashKeyMap, HashSeed};

@@ -1,0 +1,49 @@
+//! The backend computes a planned step: it runs the model over the step's token slices
+//! (reading and writing KV through the block tables) and samples a token for every slice that
+//! reaches the end of its request's known tokens.
+
+pub mod profile;
+pub mod sim;
+
+use crate::kv::BlockId;
+use crate::request::{RequestId, SamplingParams};
+use std::time::Duration;
+
+/// One request's part of a step.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchSlice<'a> {
+    pub id: RequestId,
+    /// All the request's known tokens; this step computes `tokens[start..start + len]`.
+    pub tokens: &'a [u32],
+    pub start: usize,
+    pub len: usize,
+    pub block_table: &'a [BlockId],
+    /// Sample the next token after this slice.
+    pub samples: bool,
+    pub params: &'a SamplingParams,
+    /// Output tokens generated so far (for per-position seeds).
+    pub num_output_tokens: usize,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BatchOutput {
+    /// (request, token) for every slice that samples.
+    pub sampled: Vec<(RequestId, u32)>,
+    /// How long the step takes on modelled hardware (the sim backend); `None` when the
+    /// backend really computed it.
+    pub modelled_duration: Option<Duration>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("backend failed: {0}")]
+    Failed(String),
+}
+
+pub trait Backend {
+    /// Computes one step.
+    fn execute(&mut self, batch: &[BatchSlice<'_>]) -> Result<BatchOutput, BackendError>;
+
+    /// KV blocks of `block_size` tokens this backend has room for.
+    fn kv_capacity_blocks(&self, block_size: usize) -> usize;
+}

@@ -1,0 +1,286 @@
+//! The engine as a step machine: `add_request`, `step`, `abort`. No clock and no I/O here, so
+//! the server drives it in real time and a simulator drives many in virtual time.
+
+use crate::backend::{Backend, BackendError, BatchSlice};
+use crate::kv::KvManager;
+use crate::request::{FinishReason, Request, RequestId, SamplingParams};
+use crate::sched::{Scheduler, SchedulerConfig, StepPlan};
+use kvgate_protocol::kv_events::KvEvent;
+use kvgate_protocol::HashSeed;
+use std::collections::HashMap;
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub block_size: usize,
+    /// KV blocks; `None` takes what the backend has room for.
+    pub num_blocks: Option<usize>,
+    /// Prompt plus output, in tokens.
+    pub max_model_len: usize,
+    pub prefix_caching: bool,
+    pub scheduler: SchedulerConfig,
+    /// Seeds the block hashes (model name, adapter, salt): the gateway must use the same.
+    pub hash_seed: HashSeed,
+    /// The model's end-of-sequence tokens.
+    pub eos_token_ids: Vec<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EngineError {
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("the prompt has {len} tokens, but the maximum context length is {limit} tokens (prompt plus at least one output token)")]
+    PromptTooLong { len: usize, limit: usize },
+    #[error("the prompt needs {needed} KV blocks but the cache holds only {total}")]
+    PromptExceedsCache { needed: usize, total: usize },
+    #[error("request {0} already exists")]
+    DuplicateId(RequestId),
+}
+
+/// A request to add.
+#[derive(Debug, Clone)]
+pub struct NewRequest {
+    pub id: RequestId,
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    pub priority: i32,
+}
+
+/// A token produced for a request in a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenOutput {
+    pub id: RequestId,
+    pub token: u32,
+    pub finished: Option<FinishReason>,
+    pub num_prompt_tokens: usize,
+    pub num_cached_tokens: usize,
+    pub num_output_tokens: usize,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct StepOutput {
+    pub plan: StepPlan,
+    pub tokens: Vec<TokenOutput>,
+    pub modelled_duration: Option<Duration>,
+    pub kv_events: Vec<KvEvent>,
+}
+
+/// Counters for `/stats` and `/metrics`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct EngineStats {
+    pub running: usize,
+    pub waiting: usize,
+    pub kv_blocks_total: usize,
+    pub kv_blocks_free: usize,
+    pub kv_blocks_cached: usize,
+    pub block_size: usize,
+    pub preemptions: u64,
+    pub prompt_tokens: u64,
+    pub cached_prompt_tokens: u64,
+    pub generated_tokens: u64,
+    pub steps: u64,
+}
+
+pub struct Engine<B: Backend> {
+    config: EngineConfig,
+    backend: B,
+    kv: KvManager,
+    sched: Scheduler,
+    requests: HashMap<RequestId, Request>,
+    arrivals: u64,
+    stats: EngineStats,
+}
+
+impl<B: Backend> Engine<B> {
+    pub fn new(config: EngineConfig, backend: B) -> Self {
+        let num_blocks = config
+            .num_blocks
+            .unwrap_or_else(|| backend.kv_capacity_blocks(config.block_size));
+        let kv = KvManager::new(
+            num_blocks,
+            config.block_size,
+            config.hash_seed,
+            config.prefix_caching,
+        );
+        let sched = Scheduler::new(config.scheduler.clone());
+        Engine {
+            config,
+            backend,
+            kv,
+            sched,
+            requests: HashMap::new(),
+            arrivals: 0,
+            stats: EngineStats::default(),
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    pub fn has_work(&self) -> bool {
+        self.sched.has_work()
+    }
+
+    pub fn request(&self, id: RequestId) -> Option<&Request> {
+        self.requests.get(&id)
+    }
+
+    /// Validates and queues a request.
+    pub fn add_request(&mut self, new: NewRequest) -> Result<(), EngineError> {
+        let len = new.prompt.len();
+        if len == 0 {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if len >= self.config.max_model_len {
+            return Err(EngineError::PromptTooLong {
+                len,
+                limit: self.config.max_model_len,
+            });
+        }
+        let needed = (len + 1).div_ceil(self.config.block_size);
+        if needed > self.kv.total_blocks() {
+            return Err(EngineError::PromptExceedsCache {
+                needed,
+                total: self.kv.total_blocks(),
+            });
+        }
+        if self.requests.contains_key(&new.id) {
+            return Err(EngineError::DuplicateId(new.id));
+        }
+        self.arrivals += 1;
+        let req = Request {
+            id: new.id,
+            num_prompt_tokens: len,
+            tokens: new.prompt,
+            params: new.params,
+            priority: new.priority,
+            arrival: self.arrivals,
+            num_computed_tokens: 0,
+            num_cached_tokens: None,
+            block_hashes: Vec::new(),
+            kv: self.kv.empty_blocks(),
+            preemptions: 0,
+        };
+        self.requests.insert(req.id, req);
+        self.sched.add(new.id, &self.requests);
+        Ok(())
+    }
+
+    /// Removes a request at once; its blocks are free when this returns.
+    pub fn abort(&mut self, id: RequestId) -> bool {
+        self.sched.remove(id);
+        self.requests.remove(&id).is_some()
+    }
+
+    /// Plans and computes one step.
+    pub fn step(&mut self) -> Result<StepOutput, BackendError> {
+        let plan = self.sched.schedule(&mut self.requests, &self.kv);
+        self.stats.preemptions += plan.preempted.len() as u64;
+        if plan.is_empty() {
+            return Ok(StepOutput {
+                plan,
+                kv_events: self.kv.take_events(),
+                ..StepOutput::default()
+            });
+        }
+        let batch: Vec<BatchSlice<'_>> = plan
+            .slices
+            .iter()
+            .filter_map(|s| {
+                let r = self.requests.get(&s.id)?;
+                Some(BatchSlice {
+                    id: s.id,
+                    tokens: &r.tokens,
+                    start: s.start,
+                    len: s.len,
+                    block_table: r.kv.ids(),
+                    samples: s.samples,
+                    params: &r.params,
+                    num_output_tokens: r.num_output_tokens(),
+                })
+            })
+            .collect();
+        let output = self.backend.execute(&batch)?;
+        drop(batch);
+        self.stats.steps += 1;
+        for s in &plan.slices {
+            if let Some(req) = self.requests.get_mut(&s.id) {
+                req.num_computed_tokens = s.start + s.len;
+                self.kv.commit(req);
+            }
+        }
+        let mut tokens = Vec::with_capacity(output.sampled.len());
+        for (id, token) in output.sampled {
+            if let Some(out) = self.append_token(id, token) {
+                tokens.push(out);
+            }
+        }
+        Ok(StepOutput {
+            plan,
+            tokens,
+            modelled_duration: output.modelled_duration,
+            kv_events: self.kv.take_events(),
+        })
+    }
+
+    fn append_token(&mut self, id: RequestId, token: u32) -> Option<TokenOutput> {
+        let req = self.requests.get_mut(&id)?;
+        if req.num_output_tokens() == 0 {
+            self.stats.prompt_tokens += req.num_prompt_tokens as u64;
+            self.stats.cached_prompt_tokens += req.num_cached_tokens.unwrap_or(0) as u64;
+        }
+        req.tokens.push(token);
+        self.stats.generated_tokens += 1;
+        self.kv.update_hashes(req);
+        let stop = !req.params.ignore_eos && self.config.eos_token_ids.contains(&token)
+            || req.params.stop_token_ids.contains(&token);
+        let finished = if stop {
+            Some(FinishReason::Stop)
+        } else if req.num_output_tokens() >= req.params.max_tokens as usize
+            || req.tokens.len() >= self.config.max_model_len
+        {
+            Some(FinishReason::Length)
+        } else {
+            None
+        };
+        let out = TokenOutput {
+            id,
+            token,
+            finished,
+            num_prompt_tokens: req.num_prompt_tokens,
+            num_cached_tokens: req.num_cached_tokens.unwrap_or(0),
+            num_output_tokens: req.num_output_tokens(),
+        };
+        if finished.is_some() {
+            self.abort(id);
+        }
+        Some(out)
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            running: self.sched.num_running(),
+            waiting: self.sched.num_waiting(),
+            kv_blocks_total: self.kv.total_blocks(),
+            kv_blocks_free: self.kv.free_blocks(),
+            kv_blocks_cached: self.kv.cached_blocks(),
+            block_size: self.kv.block_size(),
+            ..self.stats.clone()
+        }
+    }
+
+    /// Every cached block hash (for KV-event snapshots).
+    pub fn cached_hashes(&self) -> Vec<u64> {
+        self.kv.cached_hashes()
+    }
+
+    /// Checks the KV pool against every request's block table: for tests.
+    pub fn check_kv(&self) -> Result<(), String> {
+        self.kv.check(self.requests.values())
+    }
+}

@@ -1,0 +1,11 @@
+//! The kvgate worker: an inference engine (paged KV cache with prefix caching, continuous
+//! batching, chunked prefill) behind an OpenAI-compatible HTTP server.
+
+pub mod backend;
+pub mod engine;
+pub mod kv;
+pub mod request;
+pub mod sched;
+
+pub use engine::{Engine, EngineConfig, EngineError, NewRequest, StepOutput, TokenOutput};
+pub use request::{FinishReason, RequestId, SamplingParams};
