@@ -30,6 +30,45 @@ enum Command {
         #[arg(long)]
         listen: Option<String>,
     },
+    /// Run an inference worker: the engine behind an OpenAI-compatible server.
+    Worker {
+        /// Only `sim` today: GPU timing from a hardware profile, deterministic tokens.
+        #[arg(long, value_enum, default_value = "sim")]
+        backend: Backend,
+        #[arg(long, default_value = "127.0.0.1")]
+        host: std::net::IpAddr,
+        #[arg(long)]
+        port: u16,
+        /// GGUF model file (the tokenizer and chat template come from it).
+        #[arg(long, default_value = DEFAULT_MODEL)]
+        model: PathBuf,
+        /// Model name in the API (default: the file name without extension).
+        #[arg(long)]
+        served_model_name: Option<String>,
+        /// Sim backend: hardware/model profile.
+        #[arg(long, default_value = "config/profiles/h200-llama-3.1-8b-bf16.yaml")]
+        profile: PathBuf,
+        /// Sim backend: every modelled duration is multiplied by this (> 1 slows down).
+        #[arg(long, default_value_t = 1.0)]
+        time_scale: f64,
+        #[arg(long, default_value_t = 16)]
+        block_size: usize,
+        /// KV blocks (default: what the backend has room for).
+        #[arg(long)]
+        num_blocks: Option<usize>,
+        /// Context length (default: the model's).
+        #[arg(long)]
+        max_model_len: Option<usize>,
+        #[arg(long, default_value_t = 2048)]
+        max_num_batched_tokens: usize,
+        #[arg(long, default_value_t = 256)]
+        max_num_seqs: usize,
+        /// Cap on prompt tokens one request computes per step (0: no cap).
+        #[arg(long, default_value_t = 0)]
+        long_prefill_token_threshold: usize,
+        #[arg(long)]
+        no_prefix_caching: bool,
+    },
     /// Validate a gateway config file and report every error with its YAML path.
     CheckConfig { file: PathBuf },
     /// Run a fault-injection OpenAI-compatible worker (for testing the gateway; it echoes the
@@ -63,6 +102,13 @@ enum Command {
     },
 }
 
+const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Backend {
+    Sim,
+}
+
 fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_env("KVGATE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -83,6 +129,59 @@ fn run(command: Command) -> Result<(), String> {
     match command {
         Command::Gateway { config, listen } => {
             kvgate_router::run(&config, listen).map_err(|e| e.to_string())
+        }
+        Command::Worker {
+            backend: Backend::Sim,
+            host,
+            port,
+            model,
+            served_model_name,
+            profile,
+            time_scale,
+            block_size,
+            num_blocks,
+            max_model_len,
+            max_num_batched_tokens,
+            max_num_seqs,
+            long_prefill_token_threshold,
+            no_prefix_caching,
+        } => {
+            if !model.exists() {
+                return Err(format!(
+                    "model file {} not found (scripts/fetch-model fetches the default)",
+                    model.display()
+                ));
+            }
+            if !(time_scale.is_finite() && time_scale > 0.0) {
+                return Err(format!(
+                    "--time-scale must be a positive number, got {time_scale}"
+                ));
+            }
+            if block_size == 0 || max_num_batched_tokens == 0 || max_num_seqs == 0 {
+                return Err(
+                    "--block-size, --max-num-batched-tokens and --max-num-seqs must be at least 1"
+                        .into(),
+                );
+            }
+            kvgate_worker::server::run(kvgate_worker::server::WorkerConfig {
+                addr: SocketAddr::new(host, port),
+                model,
+                served_model_name,
+                backend: kvgate_worker::server::BackendChoice::Sim {
+                    profile,
+                    time_scale,
+                },
+                block_size,
+                num_blocks,
+                max_model_len,
+                scheduler: kvgate_worker::sched::SchedulerConfig {
+                    max_num_batched_tokens,
+                    max_num_seqs,
+                    long_prefill_token_threshold,
+                    policy: kvgate_worker::sched::SchedulingPolicy::Fcfs,
+                },
+                prefix_caching: !no_prefix_caching,
+            })
         }
         Command::CheckConfig { file } => match kvgate_router::check_config(&file) {
             Ok(config) => {

@@ -62,6 +62,13 @@ impl Endpoint {
 }
 
 impl GenerationRequest {
+    /// Parses and validates a request body for `endpoint`; errors name the field at fault.
+    pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, ApiError> {
+        let request: GenerationRequest = deserialize(body)?;
+        request.validate(endpoint)?;
+        Ok(request)
+    }
+
     /// Checks what the endpoint requires: `messages` (non-empty) for chat, `prompt` for
     /// completions, and a non-empty `model`.
     pub fn validate(&self, endpoint: Endpoint) -> Result<(), ApiError> {
@@ -295,6 +302,40 @@ impl ModelList {
                 .collect(),
         }
     }
+}
+
+/// Deserializes with the failing field's path in the error (`messages[0].role`).
+pub fn deserialize<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let message = inner.to_string();
+        // A missing field is reported at its parent; name the field itself.
+        let missing = message
+            .strip_prefix("missing field `")
+            .and_then(|rest| rest.split('`').next())
+            .map(str::to_string);
+        let param = match (missing, path.as_str()) {
+            (Some(field), "." | "") => Some(field),
+            (Some(field), parent) => Some(format!("{parent}.{field}")),
+            (None, "." | "") => None,
+            (None, p) => Some(p.to_string()),
+        };
+        let message = if inner.is_syntax() || inner.is_eof() {
+            format!("request body is not valid JSON: {message}")
+        } else {
+            match &param {
+                Some(p) => format!("invalid field `{p}`: {message}"),
+                None => format!("invalid request: {message}"),
+            }
+        };
+        let error = ApiError::new(ErrorKind::InvalidRequest, message);
+        match param {
+            Some(p) => error.with_param(p),
+            None => error,
+        }
+    })
 }
 
 /// One server-sent event carrying `data`.

@@ -6,7 +6,7 @@ use kvgate_protocol::openai::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
     ChatDelta, ChatMessage, CompletionChoice, CompletionResponse, GenerationRequest, Prompt, Usage,
 };
-use kvgate_protocol::{ApiError, ErrorKind};
+use kvgate_protocol::ApiError;
 
 /// One request's planned output.
 #[derive(Debug, Clone)]
@@ -25,9 +25,7 @@ pub struct Job {
 const DEFAULT_MAX_TOKENS: u32 = 16;
 
 pub fn plan(endpoint: Endpoint, body: &[u8], id: String) -> Result<Job, ApiError> {
-    let request: GenerationRequest = serde_json::from_slice(body)
-        .map_err(|e| ApiError::new(ErrorKind::InvalidRequest, format!("invalid request: {e}")))?;
-    request.validate(endpoint)?;
+    let request = GenerationRequest::parse(endpoint, body)?;
     let (echoed, whole) = echoed_text(endpoint, &request);
     let max = request.max_output_tokens().unwrap_or(DEFAULT_MAX_TOKENS) as usize;
     let words: Vec<String> = echoed.split_inclusive(' ').map(str::to_string).collect();

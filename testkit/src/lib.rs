@@ -3,13 +3,11 @@
 //! configurable delays, error rate, hangs and mid-stream disconnects, reports a digest of every
 //! request body it receives, and counts what happened in `GET /stats`.
 
-mod body;
 mod faults;
 mod generate;
 
 pub use faults::{Fate, Faults};
 
-use body::{full, ChannelBody, Chunk};
 use bytes::Bytes;
 use generate::{plan, Endpoint, Job};
 use http::{Method, Request, Response, StatusCode};
@@ -18,6 +16,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use kvgate_protocol::openai::ModelList;
 use kvgate_protocol::{ApiError, ErrorKind};
+use kvgate_worker::server::body::{full, ChannelBody, Chunk};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};

@@ -4,8 +4,10 @@
 pub mod backend;
 pub mod engine;
 pub mod kv;
+pub mod model;
 pub mod request;
 pub mod sched;
+pub mod server;
 
 pub use engine::{Engine, EngineConfig, EngineError, NewRequest, StepOutput, TokenOutput};
 pub use request::{FinishReason, RequestId, SamplingParams};

@@ -2,8 +2,7 @@
 
 use kvgate_policies::{PolicyConfig, RequestFeatures};
 use kvgate_protocol::openai::{Endpoint, GenerationRequest, Prompt};
-use kvgate_protocol::{text_chunk_hashes, ApiError, ErrorKind, HashSeed};
-use serde::de::DeserializeOwned;
+use kvgate_protocol::{text_chunk_hashes, ApiError, HashSeed};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 #[derive(Debug, Clone)]
@@ -17,8 +16,7 @@ pub fn parse(
     body: &[u8],
     policy: &PolicyConfig,
 ) -> Result<RoutedRequest, ApiError> {
-    let request: GenerationRequest = deserialize(body)?;
-    request.validate(endpoint)?;
+    let request = GenerationRequest::parse(endpoint, body)?;
     let text = match (&request.messages, &request.prompt) {
         (Some(messages), _) if endpoint == Endpoint::Chat => {
             let mut text = String::new();
@@ -68,40 +66,6 @@ fn prompt_bytes(prompt: &Prompt) -> Vec<u8> {
         Prompt::Tokens(ids) => tokens(ids),
         Prompt::TokenLists(lists) => lists.iter().flat_map(|l| tokens(l)).collect(),
     }
-}
-
-/// Deserializes with the failing field's path in the error (`messages[0].role`).
-fn deserialize<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    let mut de = serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        let message = inner.to_string();
-        // A missing field is reported at its parent; name the field itself.
-        let missing = message
-            .strip_prefix("missing field `")
-            .and_then(|rest| rest.split('`').next())
-            .map(str::to_string);
-        let param = match (missing, path.as_str()) {
-            (Some(field), "." | "") => Some(field),
-            (Some(field), parent) => Some(format!("{parent}.{field}")),
-            (None, "." | "") => None,
-            (None, p) => Some(p.to_string()),
-        };
-        let message = if inner.is_syntax() || inner.is_eof() {
-            format!("request body is not valid JSON: {message}")
-        } else {
-            match &param {
-                Some(p) => format!("invalid field `{p}`: {message}"),
-                None => format!("invalid request: {message}"),
-            }
-        };
-        let error = ApiError::new(ErrorKind::InvalidRequest, message);
-        match param {
-            Some(p) => error.with_param(p),
-            None => error,
-        }
-    })
 }
 
 #[cfg(test)]

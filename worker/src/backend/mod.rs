@@ -47,3 +47,13 @@ pub trait Backend {
     /// KV blocks of `block_size` tokens this backend has room for.
     fn kv_capacity_blocks(&self, block_size: usize) -> usize;
 }
+
+impl Backend for Box<dyn Backend + Send> {
+    fn execute(&mut self, batch: &[BatchSlice<'_>]) -> Result<BatchOutput, BackendError> {
+        (**self).execute(batch)
+    }
+
+    fn kv_capacity_blocks(&self, block_size: usize) -> usize {
+        (**self).kv_capacity_blocks(block_size)
+    }
+}

@@ -1,4 +1,4 @@
-//! A response body fed through a bounded channel, so a generator task can stream it and learn
+//! A response body fed through a bounded channel, so a producer task can stream it and learn
 //! when the client has gone (the receiver is dropped).
 
 use bytes::Bytes;

@@ -1,0 +1,156 @@
+//! The engine thread: owns the engine, takes commands from the HTTP side through a bounded
+//! channel, steps while there is work (sleeping out the modelled step time for the sim
+//! backend, scaled by `time_scale`), and hands each token to its request's channel. A request
+//! whose channel is closed (the client left) is aborted at once.
+
+use super::events::EventLog;
+use super::metrics::Metrics;
+use crate::backend::Backend;
+use crate::engine::{Engine, EngineError, EngineStats, NewRequest, TokenOutput};
+use crate::request::RequestId;
+use kvgate_protocol::kv_events::{KvSnapshot, KV_EVENTS_VERSION};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+use tokio::sync::{mpsc, oneshot};
+
+pub type WorkerEngine = Engine<Box<dyn Backend + Send>>;
+
+pub enum Command {
+    Add {
+        request: NewRequest,
+        tokens: mpsc::Sender<TokenOutput>,
+        reply: oneshot::Sender<Result<(), EngineError>>,
+    },
+    Abort(RequestId),
+    Snapshot(oneshot::Sender<KvSnapshot>),
+}
+
+/// What the HTTP side reads of the engine.
+pub struct Shared {
+    pub stats: Mutex<EngineStats>,
+    pub events: Mutex<EventLog>,
+    pub metrics: Metrics,
+}
+
+impl Shared {
+    pub fn stats(&self) -> EngineStats {
+        self.stats
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// Starts the engine thread. The engine is built on it (its KV blocks are not shared across
+/// threads).
+pub fn spawn(
+    make_engine: impl FnOnce() -> WorkerEngine + Send + 'static,
+    time_scale: f64,
+    mut commands: mpsc::Receiver<Command>,
+    shared: Arc<Shared>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new().name("engine".into()).spawn(move || {
+        let mut engine = make_engine();
+        let mut outputs: HashMap<RequestId, mpsc::Sender<TokenOutput>> = HashMap::new();
+        let mut last_stats = engine.stats();
+        loop {
+            if !engine.has_work() {
+                match commands.blocking_recv() {
+                    Some(c) => handle(&mut engine, &mut outputs, &shared, c),
+                    None => return,
+                }
+            }
+            while let Ok(c) = commands.try_recv() {
+                handle(&mut engine, &mut outputs, &shared, c);
+            }
+            if engine.has_work() {
+                let started = Instant::now();
+                match engine.step() {
+                    Ok(out) => {
+                        for token in out.tokens {
+                            deliver(&mut engine, &mut outputs, token);
+                        }
+                        shared.events.lock().unwrap_or_else(PoisonError::into_inner).publish(out.kv_events);
+                        if let Some(modelled) = out.modelled_duration {
+                            let target = modelled.mul_f64(time_scale);
+                            std::thread::sleep(target.saturating_sub(started.elapsed()));
+                        }
+                    }
+                    Err(e) => {
+                        // Fail every request in the batch's engine rather than retry forever:
+                        // their channels close and their clients get an error.
+                        tracing::error!(error = %e, "engine step failed; aborting all requests");
+                        for (id, _) in outputs.drain() {
+                            engine.abort(id);
+                        }
+                    }
+                }
+            }
+            let stats = engine.stats();
+            shared.metrics.record_engine(&last_stats, &stats);
+            *shared.stats.lock().unwrap_or_else(PoisonError::into_inner) = stats.clone();
+            last_stats = stats;
+        }
+    })
+}
+
+fn handle(
+    engine: &mut WorkerEngine,
+    outputs: &mut HashMap<RequestId, mpsc::Sender<TokenOutput>>,
+    shared: &Shared,
+    command: Command,
+) {
+    match command {
+        Command::Add {
+            request,
+            tokens,
+            reply,
+        } => {
+            let id = request.id;
+            let result = engine.add_request(request);
+            if result.is_ok() {
+                outputs.insert(id, tokens);
+            }
+            let _ = reply.send(result);
+        }
+        Command::Abort(id) => {
+            engine.abort(id);
+            outputs.remove(&id);
+        }
+        Command::Snapshot(reply) => {
+            let seq = shared
+                .events
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .last_seq();
+            let mut hashes = engine.cached_hashes();
+            hashes.sort_unstable();
+            let _ = reply.send(KvSnapshot {
+                version: KV_EVENTS_VERSION,
+                seq,
+                block_size: engine.config().block_size,
+                hashes,
+            });
+        }
+    }
+}
+
+fn deliver(
+    engine: &mut WorkerEngine,
+    outputs: &mut HashMap<RequestId, mpsc::Sender<TokenOutput>>,
+    token: TokenOutput,
+) {
+    let id = token.id;
+    let finished = token.finished.is_some();
+    let delivered = outputs
+        .get(&id)
+        .is_some_and(|tx| tx.try_send(token).is_ok());
+    if !delivered {
+        // The client went away (or cannot keep up with a channel sized for its whole output).
+        engine.abort(id);
+        outputs.remove(&id);
+    } else if finished {
+        outputs.remove(&id);
+    }
+}

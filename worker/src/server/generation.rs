@@ -1,0 +1,365 @@
+//! One OpenAI generation request: turning the body into engine input, and the engine's tokens
+//! into OpenAI chunks or a whole response.
+
+use super::detok::TextStream;
+use super::metrics::Metrics;
+use crate::engine::TokenOutput;
+use crate::model::template::TemplateMessage;
+use crate::model::ModelFile;
+use crate::request::{FinishReason, SamplingParams};
+use kvgate_protocol::openai::{
+    sse_event, AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
+    ChatCompletionResponse, ChatDelta, CompletionChoice, CompletionResponse, Endpoint,
+    GenerationRequest, Prompt, Usage, SSE_DONE,
+};
+use kvgate_protocol::{ApiError, ErrorKind};
+use std::time::Instant;
+
+/// Output limit of a completion that sets none (OpenAI's default).
+const DEFAULT_COMPLETION_TOKENS: u32 = 16;
+
+/// A validated request, ready for the engine.
+pub struct Prepared {
+    pub endpoint: Endpoint,
+    pub model: String,
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    pub stops: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+fn invalid(message: String, param: &str) -> ApiError {
+    ApiError::new(ErrorKind::InvalidRequest, message).with_param(param)
+}
+
+pub fn prepare(
+    endpoint: Endpoint,
+    body: &[u8],
+    model: &ModelFile,
+    served_name: &str,
+    max_model_len: usize,
+) -> Result<Prepared, ApiError> {
+    let r = GenerationRequest::parse(endpoint, body)?;
+    if r.model != served_name {
+        return Err(ApiError::new(
+            ErrorKind::ModelNotFound,
+            format!(
+                "model `{}` is not served here (this worker serves `{served_name}`)",
+                r.model
+            ),
+        )
+        .with_param("model"));
+    }
+    if r.logprobs
+        .as_ref()
+        .is_some_and(|v| v.as_bool() == Some(true) || v.is_number())
+        || r.top_logprobs.is_some()
+    {
+        return Err(invalid(
+            "logprobs are not supported by this worker yet".into(),
+            "logprobs",
+        ));
+    }
+    let (prompt, param) = match (endpoint, &r.messages, &r.prompt) {
+        (Endpoint::Chat, Some(messages), _) => {
+            let template = model.template.as_ref().ok_or_else(|| {
+                invalid(
+                    "the model has no chat template; use /v1/completions".into(),
+                    "messages",
+                )
+            })?;
+            let messages: Vec<TemplateMessage> = messages
+                .iter()
+                .map(|m| TemplateMessage {
+                    role: m.role.clone(),
+                    content: m.content.as_ref().map(|c| c.text()).unwrap_or_default(),
+                })
+                .collect();
+            let text = template
+                .render(&messages)
+                .map_err(|e| invalid(e, "messages"))?;
+            (encode(model, &text)?, "messages")
+        }
+        (_, _, Some(Prompt::Text(text))) => (encode(model, text)?, "prompt"),
+        (_, _, Some(Prompt::Tokens(ids))) => {
+            let vocab = model.tokenizer.vocab_size();
+            if let Some(bad) = ids.iter().find(|&&t| t >= vocab) {
+                return Err(invalid(
+                    format!("token id {bad} is outside the vocabulary (size {vocab})"),
+                    "prompt",
+                ));
+            }
+            (ids.clone(), "prompt")
+        }
+        (_, _, Some(Prompt::Texts(v))) if v.len() == 1 => (encode(model, &v[0])?, "prompt"),
+        (_, _, Some(Prompt::TokenLists(v))) if v.len() == 1 => (v[0].clone(), "prompt"),
+        (_, _, Some(_)) => {
+            return Err(invalid(
+                "batched prompts are not supported: send one prompt per request".into(),
+                "prompt",
+            ))
+        }
+        _ => return Err(invalid("missing field `prompt`".into(), "prompt")),
+    };
+    if prompt.is_empty() {
+        return Err(invalid("the prompt is empty".into(), param));
+    }
+    if prompt.len() >= max_model_len {
+        return Err(invalid(
+            format!("the prompt has {} tokens, but the maximum context length is {max_model_len} tokens", prompt.len()),
+            param,
+        ));
+    }
+    let room = (max_model_len - prompt.len()) as u32;
+    let max_tokens = match (r.max_output_tokens(), endpoint) {
+        (Some(0), _) => return Err(invalid("max_tokens must be at least 1".into(), "max_tokens")),
+        (Some(n), _) if n > room => {
+            return Err(invalid(
+                format!("this model's maximum context length is {max_model_len} tokens; the prompt has {} and max_tokens asks for {n} more", prompt.len()),
+                "max_tokens",
+            ))
+        }
+        (Some(n), _) => n,
+        (None, Endpoint::Chat) => room,
+        (None, Endpoint::Completions) => DEFAULT_COMPLETION_TOKENS.min(room),
+    };
+    let temperature = r.temperature.unwrap_or(1.0);
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(invalid(
+            format!("temperature must be between 0 and 2, got {temperature}"),
+            "temperature",
+        ));
+    }
+    let top_p = r.top_p.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(invalid(
+            format!("top_p must be in (0, 1], got {top_p}"),
+            "top_p",
+        ));
+    }
+    let stops = r
+        .stop
+        .as_ref()
+        .map(|s| s.as_slice().to_vec())
+        .unwrap_or_default();
+    Ok(Prepared {
+        endpoint,
+        model: r.model.clone(),
+        prompt,
+        params: SamplingParams {
+            max_tokens,
+            temperature,
+            top_p,
+            top_k: r.top_k.filter(|&k| k > 0).map_or(0, |k| k as u32),
+            seed: r.seed,
+            stop_token_ids: Vec::new(),
+            ignore_eos: r.ignore_eos,
+            logprobs: None,
+        },
+        stops,
+        stream: r.stream,
+        include_usage: r.include_usage(),
+    })
+}
+
+fn encode(model: &ModelFile, text: &str) -> Result<Vec<u32>, ApiError> {
+    model
+        .tokenizer
+        .encode(text, true)
+        .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))
+}
+
+/// What a token turned into.
+pub enum Piece {
+    Text(String),
+    /// The request ended; `aborted_by_stop` when a stop string ended it (the engine must be
+    /// told to stop).
+    Finished {
+        reason: &'static str,
+        usage: Usage,
+        stop_string: bool,
+    },
+}
+
+/// Tracks one request's output: text, timing metrics, usage.
+pub struct Generation {
+    pub id: String,
+    pub endpoint: Endpoint,
+    pub model: String,
+    pub include_usage: bool,
+    text: TextStream,
+    arrived: Instant,
+    last_token: Option<Instant>,
+    sent_role: bool,
+}
+
+impl Generation {
+    pub fn new(id: String, prepared: &Prepared) -> Generation {
+        Generation {
+            id,
+            endpoint: prepared.endpoint,
+            model: prepared.model.clone(),
+            include_usage: prepared.include_usage,
+            text: TextStream::new(prepared.stops.clone()),
+            arrived: Instant::now(),
+            last_token: None,
+            sent_role: false,
+        }
+    }
+
+    pub fn on_token(
+        &mut self,
+        token: &TokenOutput,
+        model: &ModelFile,
+        metrics: &Metrics,
+    ) -> Vec<Piece> {
+        let now = Instant::now();
+        match self.last_token {
+            None => Metrics::observe(&metrics.ttft, (now - self.arrived).as_secs_f64()),
+            Some(last) => Metrics::observe(&metrics.itl, (now - last).as_secs_f64()),
+        }
+        self.last_token = Some(now);
+        let mut pieces = Vec::new();
+        let mut text = self.text.push(token.token, &model.tokenizer);
+        let stop_string = self.text.stopped();
+        if token.finished.is_some() || stop_string {
+            text.push_str(&self.text.finish());
+        }
+        if !text.is_empty() {
+            pieces.push(Piece::Text(text));
+        }
+        if token.finished.is_some() || stop_string {
+            Metrics::observe(&metrics.e2e, (now - self.arrived).as_secs_f64());
+            let reason = match token.finished {
+                Some(FinishReason::Length) if !stop_string => "length",
+                _ => "stop",
+            };
+            let usage = Usage::new(
+                token.num_prompt_tokens as u32,
+                token.num_output_tokens as u32,
+                token.num_cached_tokens as u32,
+            );
+            pieces.push(Piece::Finished {
+                reason,
+                usage,
+                stop_string,
+            });
+        }
+        pieces
+    }
+
+    /// One streamed chunk of text.
+    pub fn text_event(&mut self, text: String) -> String {
+        let json = match self.endpoint {
+            Endpoint::Chat => {
+                let role = (!self.sent_role).then(|| "assistant".to_string());
+                self.sent_role = true;
+                serde_json::to_string(&self.chat_chunk(
+                    ChatDelta {
+                        role,
+                        content: Some(text),
+                    },
+                    None,
+                    None,
+                ))
+            }
+            Endpoint::Completions => serde_json::to_string(&self.completion(text, None, None)),
+        };
+        sse_event(&json.unwrap_or_default())
+    }
+
+    /// The closing events: finish reason, usage if asked, `[DONE]`.
+    pub fn finish_events(&mut self, reason: &str, usage: Usage) -> String {
+        let finish = match self.endpoint {
+            Endpoint::Chat => {
+                serde_json::to_string(&self.chat_chunk(ChatDelta::default(), Some(reason), None))
+            }
+            Endpoint::Completions => {
+                serde_json::to_string(&self.completion(String::new(), Some(reason), None))
+            }
+        };
+        let mut out = sse_event(&finish.unwrap_or_default());
+        if self.include_usage {
+            let object = match self.endpoint {
+                Endpoint::Chat => "chat.completion.chunk",
+                Endpoint::Completions => "text_completion",
+            };
+            let v = serde_json::json!({ "id": self.id, "object": object, "created": created(), "model": self.model, "choices": [], "usage": usage });
+            out.push_str(&sse_event(&v.to_string()));
+        }
+        out.push_str(SSE_DONE);
+        out
+    }
+
+    /// The whole non-streamed response.
+    pub fn response(&self, text: String, reason: &str, usage: Usage) -> Vec<u8> {
+        let result = match self.endpoint {
+            Endpoint::Chat => serde_json::to_vec(&ChatCompletionResponse {
+                id: self.id.clone(),
+                object: "chat.completion".into(),
+                created: created(),
+                model: self.model.clone(),
+                choices: vec![ChatChoice {
+                    index: 0,
+                    message: AssistantMessage {
+                        role: "assistant".into(),
+                        content: text,
+                    },
+                    finish_reason: Some(reason.into()),
+                }],
+                usage,
+            }),
+            Endpoint::Completions => {
+                serde_json::to_vec(&self.completion(text, Some(reason), Some(usage)))
+            }
+        };
+        result.unwrap_or_default()
+    }
+
+    fn chat_chunk(
+        &self,
+        delta: ChatDelta,
+        finish: Option<&str>,
+        usage: Option<Usage>,
+    ) -> ChatCompletionChunk {
+        ChatCompletionChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk".into(),
+            created: created(),
+            model: self.model.clone(),
+            choices: vec![ChatChunkChoice {
+                index: 0,
+                delta,
+                finish_reason: finish.map(str::to_string),
+            }],
+            usage,
+        }
+    }
+
+    fn completion(
+        &self,
+        text: String,
+        finish: Option<&str>,
+        usage: Option<Usage>,
+    ) -> CompletionResponse {
+        CompletionResponse {
+            id: self.id.clone(),
+            object: "text_completion".into(),
+            created: created(),
+            model: self.model.clone(),
+            choices: vec![CompletionChoice {
+                index: 0,
+                text,
+                finish_reason: finish.map(str::to_string),
+            }],
+            usage,
+        }
+    }
+}
+
+fn created() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

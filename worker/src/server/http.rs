@@ -1,0 +1,421 @@
+//! HTTP routes: OpenAI generation, models, health, tokenize, metrics, stats and KV events.
+
+use super::body::{full, ChannelBody, Chunk};
+use super::engine_loop::{Command, Shared};
+use super::generation::{prepare, Generation, Piece};
+use crate::engine::{EngineError, TokenOutput};
+use crate::model::ModelFile;
+use crate::request::RequestId;
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use kvgate_protocol::openai::{Endpoint, ModelList};
+use kvgate_protocol::{ApiError, ErrorKind};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError};
+use tokio::sync::{mpsc, oneshot};
+
+/// Largest request body read.
+pub const MAX_BODY_BYTES: usize = 64 << 20;
+
+pub struct Context {
+    pub model: Arc<ModelFile>,
+    pub served_name: String,
+    pub max_model_len: usize,
+    pub commands: mpsc::Sender<Command>,
+    pub shared: Arc<Shared>,
+    pub next_id: AtomicU64,
+}
+
+type Reply = Response<ChannelBody>;
+
+pub async fn handle(
+    ctx: Arc<Context>,
+    req: Request<Incoming>,
+) -> Result<Reply, std::convert::Infallible> {
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or("").to_string();
+    let reply = match (req.method().clone(), path.as_str()) {
+        (Method::POST, "/v1/chat/completions") => generate(ctx, req, Endpoint::Chat).await,
+        (Method::POST, "/v1/completions") => generate(ctx, req, Endpoint::Completions).await,
+        (Method::GET, "/v1/models") => json(200, &ModelList::new([ctx.served_name.clone()])),
+        (Method::GET, "/health") => json(200, &serde_json::json!({ "status": "ok" })),
+        (Method::GET, "/metrics") => {
+            let mut r = Response::new(full(ctx.shared.metrics.render()));
+            r.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
+            r
+        }
+        (Method::GET, "/stats") => stats(&ctx),
+        (Method::GET, "/kv/snapshot") => snapshot(&ctx).await,
+        (Method::GET, "/kv/events") => events(&ctx, &query),
+        (Method::POST, "/tokenize") => tokenize(&ctx, req).await,
+        (Method::POST, "/detokenize") => detokenize(&ctx, req).await,
+        (_, p) => error(&ApiError::new(
+            ErrorKind::NotFound,
+            format!("no route for {p}"),
+        )),
+    };
+    Ok(reply)
+}
+
+async fn read_body(req: Request<Incoming>) -> Result<Bytes, ApiError> {
+    http_body_util::Limited::new(req.into_body(), MAX_BODY_BYTES)
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .map_err(|e| {
+            ApiError::new(
+                ErrorKind::PayloadTooLarge,
+                format!("request body over {MAX_BODY_BYTES} bytes or unreadable: {e}"),
+            )
+        })
+}
+
+/// Tells the engine to drop a request when the response (or the waiting handler) is dropped
+/// before the request finished: a client that leaves frees its KV blocks within one step.
+struct AbortOnDrop {
+    commands: mpsc::Sender<Command>,
+    id: RequestId,
+    armed: bool,
+}
+
+impl AbortOnDrop {
+    /// The request ended by itself: nothing to abort.
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.commands.try_send(Command::Abort(self.id));
+        }
+    }
+}
+
+async fn generate(ctx: Arc<Context>, req: Request<Incoming>, endpoint: Endpoint) -> Reply {
+    let body = match read_body(req).await {
+        Ok(b) => b,
+        Err(e) => return error(&e),
+    };
+    let prepared = match prepare(
+        endpoint,
+        &body,
+        &ctx.model,
+        &ctx.served_name,
+        ctx.max_model_len,
+    ) {
+        Ok(p) => p,
+        Err(e) => return error(&e),
+    };
+    let id = ctx.next_id.fetch_add(1, Ordering::Relaxed);
+    let (tx, mut rx) = mpsc::channel::<TokenOutput>(prepared.params.max_tokens as usize + 1);
+    let (reply_tx, reply_rx) = oneshot::channel();
+    let request = crate::engine::NewRequest {
+        id,
+        prompt: prepared.prompt.clone(),
+        params: prepared.params.clone(),
+        priority: 0,
+    };
+    if ctx
+        .commands
+        .send(Command::Add {
+            request,
+            tokens: tx,
+            reply: reply_tx,
+        })
+        .await
+        .is_err()
+    {
+        return error(&ApiError::new(
+            ErrorKind::Unavailable,
+            "the engine has stopped",
+        ));
+    }
+    match reply_rx.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return error(&engine_error(e)),
+        Err(_) => {
+            return error(&ApiError::new(
+                ErrorKind::Unavailable,
+                "the engine has stopped",
+            ))
+        }
+    }
+    ctx.shared.metrics.requests.inc();
+    let mut guard = AbortOnDrop {
+        commands: ctx.commands.clone(),
+        id,
+        armed: true,
+    };
+    let prefix = if endpoint == Endpoint::Chat {
+        "chatcmpl"
+    } else {
+        "cmpl"
+    };
+    let mut generation = Generation::new(format!("{prefix}-{id}"), &prepared);
+
+    if !prepared.stream {
+        let mut text = String::new();
+        while let Some(token) = rx.recv().await {
+            for piece in generation.on_token(&token, &ctx.model, &ctx.shared.metrics) {
+                match piece {
+                    Piece::Text(t) => text.push_str(&t),
+                    Piece::Finished {
+                        reason,
+                        usage,
+                        stop_string,
+                    } => {
+                        if !stop_string {
+                            guard.disarm();
+                        }
+                        let body = generation.response(text, reason, usage);
+                        return with_type(Response::new(full(body)), "application/json");
+                    }
+                }
+            }
+        }
+        guard.disarm();
+        return error(&ApiError::new(
+            ErrorKind::Internal,
+            "the engine dropped the request",
+        ));
+    }
+
+    let (out_tx, out_rx) = mpsc::channel::<Chunk>(16);
+    tokio::spawn(async move {
+        let send = |s: String| out_tx.send(Ok(Frame::data(Bytes::from(s))));
+        while let Some(token) = rx.recv().await {
+            for piece in generation.on_token(&token, &ctx.model, &ctx.shared.metrics) {
+                let event = match piece {
+                    Piece::Text(t) => generation.text_event(t),
+                    Piece::Finished {
+                        reason,
+                        usage,
+                        stop_string,
+                    } => {
+                        if !stop_string {
+                            guard.disarm();
+                        }
+                        let _ = send(generation.finish_events(reason, usage)).await;
+                        return;
+                    }
+                };
+                if send(event).await.is_err() {
+                    // The client left: `guard` aborts the request as this task ends.
+                    return;
+                }
+            }
+        }
+        guard.disarm();
+        let e = ApiError::new(ErrorKind::Internal, "the engine dropped the request");
+        let _ = send(kvgate_protocol::openai::sse_event(
+            &String::from_utf8_lossy(&e.to_json()),
+        ))
+        .await;
+    });
+    let mut r = Response::new(ChannelBody(out_rx));
+    r.headers_mut().insert(
+        http::header::CACHE_CONTROL,
+        http::HeaderValue::from_static("no-cache"),
+    );
+    with_type(r, "text/event-stream")
+}
+
+fn engine_error(e: EngineError) -> ApiError {
+    let param = match e {
+        EngineError::PromptTooLong { .. }
+        | EngineError::EmptyPrompt
+        | EngineError::PromptExceedsCache { .. } => Some("prompt"),
+        EngineError::DuplicateId(_) => None,
+    };
+    let error = ApiError::new(ErrorKind::InvalidRequest, e.to_string());
+    match param {
+        Some(p) => error.with_param(p),
+        None => error,
+    }
+}
+
+fn stats(ctx: &Context) -> Reply {
+    let stats = ctx.shared.stats();
+    let last_seq = ctx
+        .shared
+        .events
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .last_seq();
+    json(
+        200,
+        &serde_json::json!({
+            "model": ctx.served_name,
+            "max_model_len": ctx.max_model_len,
+            "engine": stats,
+            "kv_events_seq": last_seq,
+        }),
+    )
+}
+
+async fn snapshot(ctx: &Context) -> Reply {
+    let (tx, rx) = oneshot::channel();
+    if ctx.commands.send(Command::Snapshot(tx)).await.is_err() {
+        return error(&ApiError::new(
+            ErrorKind::Unavailable,
+            "the engine has stopped",
+        ));
+    }
+    match rx.await {
+        Ok(snapshot) => json(200, &snapshot),
+        Err(_) => error(&ApiError::new(
+            ErrorKind::Unavailable,
+            "the engine has stopped",
+        )),
+    }
+}
+
+/// `GET /kv/events?from=SEQ`: NDJSON batches from `from` (default: the next one), then live.
+/// 410 when `from` is no longer retained: take `/kv/snapshot` and replay from its `seq + 1`.
+fn events(ctx: &Context, query: &str) -> Reply {
+    let from = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("from="))
+        .map(str::parse::<u64>);
+    let log = ctx
+        .shared
+        .events
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    let from = match from {
+        None => log.last_seq() + 1,
+        Some(Ok(v)) => v,
+        Some(Err(_)) => {
+            return error(
+                &ApiError::new(
+                    ErrorKind::InvalidRequest,
+                    "`from` must be a sequence number",
+                )
+                .with_param("from"),
+            )
+        }
+    };
+    let super::events::Subscription { replay, mut live } = match log.subscribe(from) {
+        Ok(s) => s,
+        Err(gone) => {
+            let e = ApiError::new(ErrorKind::InvalidRequest, format!("events before {} are no longer retained: take /kv/snapshot and replay from its seq + 1", gone.oldest));
+            let mut r = error(&e);
+            *r.status_mut() = StatusCode::GONE;
+            return r;
+        }
+    };
+    drop(log);
+    let (tx, rx) = mpsc::channel::<Chunk>(64);
+    tokio::spawn(async move {
+        let line = |b: &kvgate_protocol::kv_events::KvEventBatch| {
+            let mut s = serde_json::to_string(b).unwrap_or_default();
+            s.push('\n');
+            Ok(Frame::data(Bytes::from(s)))
+        };
+        let mut next = from;
+        for batch in replay {
+            next = batch.seq + 1;
+            if tx.send(line(&batch)).await.is_err() {
+                return;
+            }
+        }
+        loop {
+            match live.recv().await {
+                Ok(batch) if batch.seq >= next => {
+                    next = batch.seq + 1;
+                    if tx.send(line(&batch)).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+                // Lagged or closed: end the stream; the subscriber resynchronises.
+                Err(_) => return,
+            }
+        }
+    });
+    with_type(Response::new(ChannelBody(rx)), "application/x-ndjson")
+}
+
+async fn tokenize(ctx: &Context, req: Request<Incoming>) -> Reply {
+    #[derive(serde::Deserialize)]
+    struct TokenizeRequest {
+        prompt: String,
+        #[serde(default = "yes")]
+        add_special_tokens: bool,
+    }
+    fn yes() -> bool {
+        true
+    }
+    let body = match read_body(req).await {
+        Ok(b) => b,
+        Err(e) => return error(&e),
+    };
+    let r: TokenizeRequest = match kvgate_protocol::openai::deserialize(&body) {
+        Ok(r) => r,
+        Err(e) => return error(&e),
+    };
+    match ctx.model.tokenizer.encode(&r.prompt, r.add_special_tokens) {
+        Ok(tokens) => json(
+            200,
+            &serde_json::json!({ "count": tokens.len(), "max_model_len": ctx.max_model_len, "tokens": tokens }),
+        ),
+        Err(e) => error(&ApiError::new(ErrorKind::Internal, e.to_string())),
+    }
+}
+
+async fn detokenize(ctx: &Context, req: Request<Incoming>) -> Reply {
+    #[derive(serde::Deserialize)]
+    struct DetokenizeRequest {
+        tokens: Vec<u32>,
+    }
+    let body = match read_body(req).await {
+        Ok(b) => b,
+        Err(e) => return error(&e),
+    };
+    let r: DetokenizeRequest = match kvgate_protocol::openai::deserialize(&body) {
+        Ok(r) => r,
+        Err(e) => return error(&e),
+    };
+    let vocab = ctx.model.tokenizer.vocab_size();
+    if let Some(bad) = r.tokens.iter().find(|&&t| t >= vocab) {
+        return error(
+            &ApiError::new(
+                ErrorKind::InvalidRequest,
+                format!("token id {bad} is outside the vocabulary (size {vocab})"),
+            )
+            .with_param("tokens"),
+        );
+    }
+    match ctx.model.tokenizer.decode(&r.tokens, false) {
+        Ok(prompt) => json(200, &serde_json::json!({ "prompt": prompt })),
+        Err(e) => error(&ApiError::new(ErrorKind::Internal, e.to_string())),
+    }
+}
+
+fn json<T: serde::Serialize>(status: u16, value: &T) -> Reply {
+    let mut r = Response::new(full(serde_json::to_vec(value).unwrap_or_default()));
+    *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    with_type(r, "application/json")
+}
+
+fn error(e: &ApiError) -> Reply {
+    let mut r = Response::new(full(e.to_json()));
+    *r.status_mut() = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    with_type(r, "application/json")
+}
+
+fn with_type(mut r: Reply, content_type: &'static str) -> Reply {
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(content_type),
+    );
+    r
+}

@@ -1,0 +1,143 @@
+//! The worker's HTTP server (hyper) in front of the engine thread.
+
+pub mod body;
+mod detok;
+mod engine_loop;
+mod events;
+mod generation;
+mod http;
+mod metrics;
+
+use crate::backend::profile::Profile;
+use crate::backend::sim::SimBackend;
+use crate::backend::Backend;
+use crate::engine::{Engine, EngineConfig};
+use crate::model::ModelFile;
+use crate::sched::SchedulerConfig;
+use kvgate_protocol::HashSeed;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+/// Commands queued from the HTTP side to the engine thread.
+const COMMAND_QUEUE: usize = 4096;
+/// KV-event batches retained for replay.
+const EVENT_LOG: usize = 65_536;
+
+#[derive(Debug, Clone)]
+pub enum BackendChoice {
+    Sim { profile: PathBuf, time_scale: f64 },
+}
+
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub addr: SocketAddr,
+    pub model: PathBuf,
+    pub served_model_name: Option<String>,
+    pub backend: BackendChoice,
+    pub block_size: usize,
+    pub num_blocks: Option<usize>,
+    pub max_model_len: Option<usize>,
+    pub scheduler: SchedulerConfig,
+    pub prefix_caching: bool,
+}
+
+/// Serves until the process ends.
+pub fn run(config: WorkerConfig) -> Result<(), String> {
+    let model = Arc::new(
+        ModelFile::open(&config.model).map_err(|e| format!("{}: {e}", config.model.display()))?,
+    );
+    let served_name = config.served_model_name.clone().unwrap_or_else(|| {
+        config
+            .model
+            .file_stem()
+            .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
+    });
+    let (backend, time_scale): (Box<dyn Backend + Send>, f64) = match &config.backend {
+        BackendChoice::Sim {
+            profile,
+            time_scale,
+        } => {
+            let profile = Profile::load(profile)?;
+            let t = &model.tokenizer;
+            (
+                Box::new(SimBackend::new(
+                    profile,
+                    t.first_normal_token(),
+                    t.vocab_size(),
+                )),
+                *time_scale,
+            )
+        }
+    };
+    let max_model_len = config.max_model_len.unwrap_or(model.params.context_length);
+    let eos = model.tokenizer.eos_token_id.into_iter().collect();
+    let engine_config = EngineConfig {
+        block_size: config.block_size,
+        num_blocks: config.num_blocks,
+        max_model_len,
+        prefix_caching: config.prefix_caching,
+        scheduler: config.scheduler.clone(),
+        hash_seed: HashSeed::new(&served_name, None, ""),
+        eos_token_ids: eos,
+    };
+    let shared = Arc::new(engine_loop::Shared {
+        stats: Mutex::new(Default::default()),
+        events: Mutex::new(events::EventLog::new(EVENT_LOG)),
+        metrics: metrics::Metrics::new().map_err(|e| e.to_string())?,
+    });
+    let (commands, rx) = tokio::sync::mpsc::channel(COMMAND_QUEUE);
+    let engine_thread = engine_loop::spawn(
+        move || Engine::new(engine_config, backend),
+        time_scale,
+        rx,
+        Arc::clone(&shared),
+    )
+    .map_err(|e| e.to_string())?;
+    let ctx = Arc::new(http::Context {
+        model,
+        served_name,
+        max_model_len,
+        commands,
+        shared,
+        next_id: AtomicU64::new(1),
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let result = runtime.block_on(serve(config.addr, ctx));
+    drop(engine_thread);
+    result
+}
+
+async fn serve(addr: SocketAddr, ctx: Arc<http::Context>) -> Result<(), String> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    tracing::info!(%addr, model = %ctx.served_name, "kvgate worker listening");
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let ctx = Arc::clone(&ctx);
+        tokio::spawn(async move {
+            let service =
+                hyper::service::service_fn(move |req| http::handle(Arc::clone(&ctx), req));
+            let io = hyper_util::rt::TokioIo::new(stream);
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, service)
+                .await
+            {
+                tracing::debug!(error = %e, "connection ended");
+            }
+        });
+    }
+}
