@@ -82,7 +82,7 @@ async fn a_shared_prefix_sticks_to_one_replica_until_it_is_saturated() {
         Worker::start(&[]).await,
     );
     let workers = [&a, &b, &c];
-    let gw = Gateway::start(&workers, "").await;
+    let gw = Gateway::start(&[&a, &b, &c], "").await;
     let client = client();
 
     // One at a time: the owner is never over the load bound, so every request sticks.

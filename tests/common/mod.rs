@@ -44,8 +44,12 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// The `kvgate` binary, run from the repository root (where the default model and the
+/// profiles are).
 pub fn kvgate() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_kvgate"))
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvgate"));
+    cmd.current_dir(env!("CARGO_MANIFEST_DIR"));
+    cmd
 }
 
 fn spawn(mut cmd: Command, name: &str) -> Proc {
@@ -120,6 +124,71 @@ impl Worker {
     }
 }
 
+/// A `kvgate worker --backend sim` on a free port, serving [`MODEL`].
+pub struct SimWorker {
+    pub proc: Proc,
+    pub port: u16,
+}
+
+impl SimWorker {
+    pub async fn start(extra: &[&str]) -> SimWorker {
+        let port = free_port();
+        let mut cmd = kvgate();
+        cmd.args([
+            "worker",
+            "--backend",
+            "sim",
+            "--port",
+            &port.to_string(),
+            "--served-model-name",
+            MODEL,
+        ])
+        .args(extra);
+        let proc = spawn(cmd, &format!("sim-{port}"));
+        wait_ok(&format!("http://127.0.0.1:{port}/health")).await;
+        SimWorker { proc, port }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub async fn get(&self, path: &str) -> serde_json::Value {
+        client()
+            .get(format!("{}{path}", self.url()))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+}
+
+impl Upstream for SimWorker {
+    fn url(&self) -> String {
+        SimWorker::url(self)
+    }
+    fn id(&self) -> String {
+        format!("sim{}", self.port)
+    }
+}
+
+impl Upstream for Worker {
+    fn url(&self) -> String {
+        Worker::url(self)
+    }
+    fn id(&self) -> String {
+        Worker::id(self)
+    }
+}
+
+/// Anything the gateway can front.
+pub trait Upstream {
+    fn url(&self) -> String;
+    fn id(&self) -> String;
+}
+
 pub struct Gateway {
     pub proc: Proc,
     pub port: u16,
@@ -129,7 +198,7 @@ pub struct Gateway {
 
 impl Gateway {
     /// Starts a gateway over `workers`; `extra` is appended to the YAML (top-level keys).
-    pub async fn start(workers: &[&Worker], extra: &str) -> Gateway {
+    pub async fn start(workers: &[&dyn Upstream], extra: &str) -> Gateway {
         let (port, admin_port) = (free_port(), free_port());
         let config = std::env::temp_dir().join(format!("kvgate-test-{port}.yaml"));
         std::fs::write(&config, Self::yaml(port, admin_port, workers, extra)).unwrap();
@@ -148,7 +217,7 @@ impl Gateway {
         gw
     }
 
-    pub fn yaml(port: u16, admin_port: u16, workers: &[&Worker], extra: &str) -> String {
+    pub fn yaml(port: u16, admin_port: u16, workers: &[&dyn Upstream], extra: &str) -> String {
         let mut yaml =
             format!("listen: \"127.0.0.1:{port}\"\nadmin_listen: \"127.0.0.1:{admin_port}\"\n");
         if !extra.contains("health:") {

@@ -72,6 +72,7 @@ pub fn spawn(
                             deliver(&mut engine, &mut outputs, token);
                         }
                         shared.events.lock().unwrap_or_else(PoisonError::into_inner).publish(out.kv_events);
+                        publish_stats(&engine, &shared, &mut last_stats);
                         if let Some(modelled) = out.modelled_duration {
                             let target = modelled.mul_f64(time_scale);
                             std::thread::sleep(target.saturating_sub(started.elapsed()));
@@ -87,12 +88,17 @@ pub fn spawn(
                     }
                 }
             }
-            let stats = engine.stats();
-            shared.metrics.record_engine(&last_stats, &stats);
-            *shared.stats.lock().unwrap_or_else(PoisonError::into_inner) = stats.clone();
-            last_stats = stats;
+            publish_stats(&engine, &shared, &mut last_stats);
         }
     })
+}
+
+/// Makes the engine's counters visible to `/stats` and `/metrics`.
+fn publish_stats(engine: &WorkerEngine, shared: &Shared, last: &mut EngineStats) {
+    let stats = engine.stats();
+    shared.metrics.record_engine(last, &stats);
+    *shared.stats.lock().unwrap_or_else(PoisonError::into_inner) = stats.clone();
+    *last = stats;
 }
 
 fn handle(

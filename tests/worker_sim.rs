@@ -1,0 +1,350 @@
+//! The worker with the sim backend, over HTTP: prefix caching, KV events, disconnects, bad
+//! input, KV exhaustion, and behind the gateway.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::*;
+use kvgate_protocol::kv_events::{apply, KvEvent, KvEventBatch, KvSnapshot};
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+fn tokens_prompt(tokens: &[u32], max_tokens: u32, stream: bool) -> serde_json::Value {
+    serde_json::json!({ "model": MODEL, "prompt": tokens, "max_tokens": max_tokens, "stream": stream, "ignore_eos": true })
+}
+
+async fn post(url: &str, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    let r = client()
+        .post(format!("{url}{path}"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_2048_token_prefix_is_reported_as_cached() {
+    let w = SimWorker::start(&["--time-scale", "0.01"]).await;
+    let prefix: Vec<u32> = (0..2048).map(|i| 100 + i).collect();
+    let (s, first) = post(
+        &w.url(),
+        "/v1/completions",
+        &tokens_prompt(&[prefix.clone(), vec![7, 8, 9]].concat(), 2, false),
+    )
+    .await;
+    assert_eq!(s, 200, "{first}");
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let (_, second) = post(
+        &w.url(),
+        "/v1/completions",
+        &tokens_prompt(&[prefix, vec![10, 11, 12]].concat(), 2, false),
+    )
+    .await;
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached >= 2032, "cached_tokens {cached}");
+    assert_eq!(second["usage"]["prompt_tokens"], 2051);
+}
+
+/// Reads `/kv/events` and keeps the replayed block set, up to some sequence number.
+async fn follow_events(
+    url: String,
+    from: u64,
+    set: std::sync::Arc<tokio::sync::Mutex<(HashSet<u64>, u64, usize)>>,
+) {
+    let mut resp = client()
+        .get(format!("{url}/kv/events?from={from}"))
+        .timeout(Duration::from_secs(120))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut buf = Vec::new();
+    while let Ok(Some(chunk)) = resp.chunk().await {
+        buf.extend_from_slice(&chunk);
+        while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=nl).collect();
+            let batch: KvEventBatch = serde_json::from_slice(&line).unwrap();
+            let mut state = set.lock().await;
+            assert_eq!(batch.seq, state.1 + 1, "a gap in the event stream");
+            state.2 += batch
+                .events
+                .iter()
+                .filter(|e| matches!(e, KvEvent::Removed { .. }))
+                .count();
+            apply(&mut state.0, &batch);
+            state.1 = batch.seq;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replaying_kv_events_reconstructs_the_cached_block_set() {
+    // 300 blocks of 16 tokens: far less than the workload, so blocks are evicted constantly.
+    let w = SimWorker::start(&["--time-scale", "0.001", "--num-blocks", "300"]).await;
+    let state = std::sync::Arc::new(tokio::sync::Mutex::new((HashSet::new(), 0u64, 0usize)));
+    let follower = tokio::spawn(follow_events(w.url(), 1, state.clone()));
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..8u32 {
+        let url = w.url();
+        tasks.spawn(async move {
+            let c = client();
+            for i in 0..125u32 {
+                let n = t * 125 + i;
+                // 40 prefix groups; random-ish lengths from 20 to 419 tokens.
+                let group = (n * 7919) % 40;
+                let len = 20 + (n * 104_729) % 400;
+                let prompt: Vec<u32> = (0..len)
+                    .map(|k| {
+                        if k < 64 + group {
+                            1000 + group * 100 + k
+                        } else {
+                            20_000 + n * 7 + k
+                        }
+                    })
+                    .collect();
+                let r = c
+                    .post(format!("{url}/v1/completions"))
+                    .json(&tokens_prompt(&prompt, 1 + n % 3, false))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 200);
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.unwrap();
+    }
+    let snapshot: KvSnapshot = serde_json::from_value(w.get("/kv/snapshot").await).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = state.lock().await;
+        if s.1 >= snapshot.seq {
+            assert_eq!(
+                s.1, snapshot.seq,
+                "events after the snapshot on an idle worker"
+            );
+            let mut replayed: Vec<u64> = s.0.iter().copied().collect();
+            replayed.sort_unstable();
+            assert_eq!(
+                replayed, snapshot.hashes,
+                "replayed set differs from the worker's"
+            );
+            assert!(
+                s.2 > 100,
+                "the workload should have evicted blocks, saw {} removals",
+                s.2
+            );
+            break;
+        }
+        drop(s);
+        assert!(Instant::now() < deadline, "the event stream fell behind");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stats = w.get("/stats").await;
+    assert_eq!(
+        stats["engine"]["kv_blocks_cached"].as_u64().unwrap() as usize,
+        snapshot.hashes.len()
+    );
+    follower.abort();
+
+    // A replay from before the retained log is refused with a pointer to the snapshot.
+    let gone = client()
+        .get(format!("{}/kv/events?from=0", w.url()))
+        .send()
+        .await
+        .unwrap();
+    assert!(gone.status() == 200 || gone.status() == 410);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_mid_stream_frees_its_blocks() {
+    let w = SimWorker::start(&["--time-scale", "1"]).await;
+    let prompt: Vec<u32> = (0..500).map(|i| 300 + i).collect();
+    let mut resp = client()
+        .post(format!("{}/v1/completions", w.url()))
+        .json(&tokens_prompt(&prompt, 5000, true))
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.chunk().await.unwrap().is_some());
+    let busy = w.get("/stats").await;
+    assert_eq!(busy["engine"]["running"], 1);
+    drop(resp);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let e = &w.get("/stats").await["engine"];
+        if e["running"] == 0 && e["waiting"] == 0 && e["kv_blocks_free"] == e["kv_blocks_total"] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "request not aborted: {e}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_clear_errors() {
+    let w = SimWorker::start(&["--max-model-len", "256", "--time-scale", "0.01"]).await;
+    let (s, e) = post(
+        &w.url(),
+        "/v1/completions",
+        &tokens_prompt(&[500; 300], 4, false),
+    )
+    .await;
+    assert_eq!(s, 400);
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("300") && msg.contains("256"), "{msg}");
+    let (s, e) = post(
+        &w.url(),
+        "/v1/completions",
+        &tokens_prompt(&[500; 200], 100, false),
+    )
+    .await;
+    assert_eq!(
+        (s, e["error"]["param"].as_str()),
+        (400, Some("max_tokens")),
+        "{e}"
+    );
+    let r = client()
+        .post(format!("{}/v1/chat/completions", w.url()))
+        .body("{\"model\":")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let mut body = tokens_prompt(&[500; 10], 1, false);
+    body["model"] = "other".into();
+    assert_eq!(post(&w.url(), "/v1/completions", &body).await.0, 404);
+    body["model"] = MODEL.into();
+    body["prompt"] = serde_json::json!([60000]);
+    assert_eq!(
+        post(&w.url(), "/v1/completions", &body).await.0,
+        400,
+        "token id outside the vocabulary"
+    );
+    assert_eq!(
+        w.get("/stats").await["engine"]["steps"],
+        0,
+        "nothing bad reached the engine"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_exhaustion_queues_and_preempts_but_every_request_completes() {
+    // 40 blocks = 640 tokens; 12 requests that each grow to 300 tokens.
+    let w = SimWorker::start(&["--num-blocks", "40", "--time-scale", "0.01"]).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..12u32 {
+        let url = w.url();
+        tasks.spawn(async move {
+            let prompt: Vec<u32> = (0..200).map(|k| 1000 + i * 300 + k).collect();
+            post(&url, "/v1/completions", &tokens_prompt(&prompt, 100, false)).await
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        let (s, v) = r.unwrap();
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(v["usage"]["completion_tokens"], 100);
+    }
+    let e = &w.get("/stats").await["engine"];
+    assert!(e["preemptions"].as_u64().unwrap() > 0, "{e}");
+    assert_eq!(e["kv_blocks_free"], e["kv_blocks_total"]);
+    let metrics = client()
+        .get(format!("{}/metrics", w.url()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("vllm:num_preemptions_total"));
+    assert!(metrics.contains("vllm:kv_cache_usage_perc"));
+    assert!(metrics.contains("vllm:num_requests_waiting"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_strings_and_streaming_usage() {
+    let w = SimWorker::start(&["--time-scale", "0.01"]).await;
+    // Learn what the sim generates for this prompt, then stop on a piece of it.
+    let body = serde_json::json!({ "model": MODEL, "prompt": "Once upon a time", "max_tokens": 12, "ignore_eos": true });
+    let (_, full) = post(&w.url(), "/v1/completions", &body).await;
+    let text = full["choices"][0]["text"].as_str().unwrap().to_string();
+    let stop: String = text
+        .chars()
+        .skip(text.chars().count() / 2)
+        .take(3)
+        .collect();
+    let mut with_stop = body.clone();
+    with_stop["stop"] = serde_json::json!([stop]);
+    let (_, stopped) = post(&w.url(), "/v1/completions", &with_stop).await;
+    let cut = stopped["choices"][0]["text"].as_str().unwrap();
+    assert_eq!(cut, &text[..text.find(&stop).unwrap()]);
+    assert_eq!(stopped["choices"][0]["finish_reason"], "stop");
+
+    let mut streamed = body.clone();
+    streamed["stream"] = true.into();
+    streamed["stream_options"] = serde_json::json!({ "include_usage": true });
+    let raw = client()
+        .post(format!("{}/v1/completions", w.url()))
+        .json(&streamed)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let (streamed_text, error, done) = parse_sse(&raw);
+    assert!(!error && done);
+    assert_eq!(streamed_text, text, "streaming and not give the same text");
+    assert!(raw.contains("\"completion_tokens\":12"), "{raw}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_routes_shared_prefixes_to_the_sim_worker_that_caches_them() {
+    let ws = [
+        SimWorker::start(&["--time-scale", "0.01"]).await,
+        SimWorker::start(&["--time-scale", "0.01"]).await,
+        SimWorker::start(&["--time-scale", "0.01"]).await,
+    ];
+    let gw = Gateway::start(&[&ws[0], &ws[1], &ws[2]], "").await;
+    let system = "You are a meticulous assistant who follows the house style guide. ".repeat(40);
+    let mut replica = None;
+    for i in 0..10 {
+        let body = serde_json::json!({
+            "model": MODEL, "max_tokens": 4,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": format!("question {i}")}],
+        });
+        let resp = client()
+            .post(format!("{}/v1/chat/completions", gw.url()))
+            .header("x-kvgate-debug", "1")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let r = resp.headers()["x-kvgate-replica"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        assert_eq!(
+            replica.get_or_insert(r.clone()),
+            &r,
+            "request {i} left the replica holding the prefix"
+        );
+        let v: serde_json::Value = resp.json().await.unwrap();
+        let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        if i > 0 {
+            // The system prompt is about 480 tokens.
+            assert!(
+                cached > 400,
+                "request {i} should reuse the system prompt's KV, cached {cached}"
+            );
+        }
+    }
+}
