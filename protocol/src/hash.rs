@@ -43,7 +43,7 @@ pub fn extend_block_hashes(
     block_size: usize,
     hashes: &mut Vec<u64>,
 ) {
-    if block_size == 0 {
+    if block_size == 0 || tokens.len() / block_size <= hashes.len() {
         return;
     }
     let mut buf = Vec::with_capacity(block_size * 4);

@@ -4,6 +4,31 @@ use crate::kv::KvBlocks;
 
 pub type RequestId = u64;
 
+/// Spreads sequential request ids over a hash table's buckets with one multiplication
+/// (Fibonacci hashing) instead of SipHash: the engine looks requests up several times per step.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u64(&mut self, id: u64) {
+        self.0 = id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// Requests by id.
+pub type RequestMap<V> =
+    std::collections::HashMap<RequestId, V, std::hash::BuildHasherDefault<IdHasher>>;
+
 /// How a request's output is produced and when it stops.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {

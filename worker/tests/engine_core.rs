@@ -298,3 +298,49 @@ fn abort_frees_blocks_at_once_and_output_is_deterministic() {
     };
     assert_eq!(collect(0), collect(16));
 }
+
+#[test]
+fn the_priority_policy_admits_urgent_requests_first() {
+    use kvgate_worker::sched::SchedulingPolicy;
+    let config = EngineConfig {
+        block_size: 16,
+        num_blocks: Some(20),
+        max_model_len: 4096,
+        prefix_caching: false,
+        scheduler: SchedulerConfig {
+            max_num_batched_tokens: 64,
+            max_num_seqs: 1,
+            policy: SchedulingPolicy::Priority,
+            ..Default::default()
+        },
+        hash_seed: HashSeed::new("test", None, ""),
+        eos_token_ids: vec![],
+    };
+    let mut e = Engine::new(config, SimBackend::new(profile(), 17, 49152));
+    let add = |e: &mut Engine<SimBackend>, id: u64, priority: i32| {
+        let params = SamplingParams {
+            max_tokens: 2,
+            ..Default::default()
+        };
+        e.add_request(NewRequest {
+            id,
+            prompt: vec![17 + id as u32; 20],
+            params,
+            priority,
+        })
+        .unwrap();
+    };
+    add(&mut e, 1, 5);
+    add(&mut e, 2, 0);
+    add(&mut e, 3, 5);
+    // One sequence at a time: the urgent one first, then the others in arrival order.
+    let mut order = Vec::new();
+    while e.has_work() {
+        for t in e.step().unwrap().tokens {
+            if t.finished.is_some() {
+                order.push(t.id);
+            }
+        }
+    }
+    assert_eq!(order, vec![2, 1, 3]);
+}

@@ -33,10 +33,13 @@ impl SimBackend {
     fn token(&self, slice: &BatchSlice<'_>) -> u32 {
         let tokens = slice.tokens;
         let window = &tokens[tokens.len().saturating_sub(SEED_WINDOW)..];
-        let bytes: Vec<u8> = window.iter().flat_map(|t| t.to_le_bytes()).collect();
+        let mut bytes = [0u8; SEED_WINDOW * 4];
+        for (chunk, t) in bytes.chunks_exact_mut(4).zip(window) {
+            chunk.copy_from_slice(&t.to_le_bytes());
+        }
         let seed = slice.params.seed.unwrap_or(0) ^ (tokens.len() as u64).rotate_left(32);
         let span = u64::from(self.vocab_size - self.first_token);
-        self.first_token + (xxh3_64_with_seed(&bytes, seed) % span) as u32
+        self.first_token + (xxh3_64_with_seed(&bytes[..window.len() * 4], seed) % span) as u32
     }
 }
 

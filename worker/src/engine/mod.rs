@@ -3,11 +3,10 @@
 
 use crate::backend::{Backend, BackendError, BatchSlice};
 use crate::kv::KvManager;
-use crate::request::{FinishReason, Request, RequestId, SamplingParams};
+use crate::request::{FinishReason, Request, RequestId, RequestMap, SamplingParams};
 use crate::sched::{Scheduler, SchedulerConfig, StepPlan};
 use kvgate_protocol::kv_events::KvEvent;
 use kvgate_protocol::HashSeed;
-use std::collections::HashMap;
 use std::time::Duration;
 
 #[derive(Debug, Clone)]
@@ -86,7 +85,7 @@ pub struct Engine<B: Backend> {
     backend: B,
     kv: KvManager,
     sched: Scheduler,
-    requests: HashMap<RequestId, Request>,
+    requests: RequestMap<Request>,
     arrivals: u64,
     stats: EngineStats,
 }
@@ -108,7 +107,7 @@ impl<B: Backend> Engine<B> {
             backend,
             kv,
             sched,
-            requests: HashMap::new(),
+            requests: RequestMap::default(),
             arrivals: 0,
             stats: EngineStats::default(),
         }

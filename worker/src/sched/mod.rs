@@ -6,9 +6,9 @@
 //! blocks are freed (their hashes stay cached) and it waits at the front of the queue.
 
 use crate::kv::KvManager;
-use crate::request::{Request, RequestId};
+use crate::request::{Request, RequestId, RequestMap};
 use serde::{Deserialize, Serialize};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -99,7 +99,7 @@ impl Scheduler {
     }
 
     /// Queues a new request.
-    pub fn add(&mut self, id: RequestId, requests: &HashMap<RequestId, Request>) {
+    pub fn add(&mut self, id: RequestId, requests: &RequestMap<Request>) {
         self.enqueue(id, false, requests);
     }
 
@@ -111,7 +111,7 @@ impl Scheduler {
 
     /// Puts a request in the waiting queue: FCFS at the back (new) or front (preempted);
     /// priority in (priority, arrival) order.
-    fn enqueue(&mut self, id: RequestId, preempted: bool, requests: &HashMap<RequestId, Request>) {
+    fn enqueue(&mut self, id: RequestId, preempted: bool, requests: &RequestMap<Request>) {
         match self.config.policy {
             SchedulingPolicy::Fcfs if preempted => self.waiting.push_front(id),
             SchedulingPolicy::Fcfs => self.waiting.push_back(id),
@@ -130,7 +130,7 @@ impl Scheduler {
 
     /// The running request to preempt: the newest, or under the priority policy the least
     /// urgent (newest among equals).
-    fn victim(&self, requests: &HashMap<RequestId, Request>) -> Option<usize> {
+    fn victim(&self, requests: &RequestMap<Request>) -> Option<usize> {
         match self.config.policy {
             SchedulingPolicy::Fcfs => self.running.len().checked_sub(1),
             SchedulingPolicy::Priority => (0..self.running.len()).max_by_key(|&i| {
@@ -151,11 +151,7 @@ impl Scheduler {
     }
 
     /// Plans one step.
-    pub fn schedule(
-        &mut self,
-        requests: &mut HashMap<RequestId, Request>,
-        kv: &KvManager,
-    ) -> StepPlan {
+    pub fn schedule(&mut self, requests: &mut RequestMap<Request>, kv: &KvManager) -> StepPlan {
         let mut plan = StepPlan::default();
         let mut budget = self.config.max_num_batched_tokens;
 
@@ -233,12 +229,7 @@ impl Scheduler {
         plan
     }
 
-    fn preempt(
-        &mut self,
-        id: RequestId,
-        requests: &mut HashMap<RequestId, Request>,
-        kv: &KvManager,
-    ) {
+    fn preempt(&mut self, id: RequestId, requests: &mut RequestMap<Request>, kv: &KvManager) {
         if let Some(req) = requests.get_mut(&id) {
             kv.free(req);
             req.num_computed_tokens = 0;

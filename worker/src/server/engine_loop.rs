@@ -7,9 +7,8 @@ use super::events::EventLog;
 use super::metrics::Metrics;
 use crate::backend::Backend;
 use crate::engine::{Engine, EngineError, EngineStats, NewRequest, TokenOutput};
-use crate::request::RequestId;
+use crate::request::{RequestId, RequestMap};
 use kvgate_protocol::kv_events::{KvSnapshot, KV_EVENTS_VERSION};
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
@@ -52,7 +51,7 @@ pub fn spawn(
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new().name("engine".into()).spawn(move || {
         let mut engine = make_engine();
-        let mut outputs: HashMap<RequestId, mpsc::Sender<TokenOutput>> = HashMap::new();
+        let mut outputs: RequestMap<mpsc::Sender<TokenOutput>> = RequestMap::default();
         let mut last_stats = engine.stats();
         loop {
             if !engine.has_work() {
@@ -103,7 +102,7 @@ fn publish_stats(engine: &WorkerEngine, shared: &Shared, last: &mut EngineStats)
 
 fn handle(
     engine: &mut WorkerEngine,
-    outputs: &mut HashMap<RequestId, mpsc::Sender<TokenOutput>>,
+    outputs: &mut RequestMap<mpsc::Sender<TokenOutput>>,
     shared: &Shared,
     command: Command,
 ) {
@@ -144,7 +143,7 @@ fn handle(
 
 fn deliver(
     engine: &mut WorkerEngine,
-    outputs: &mut HashMap<RequestId, mpsc::Sender<TokenOutput>>,
+    outputs: &mut RequestMap<mpsc::Sender<TokenOutput>>,
     token: TokenOutput,
 ) {
     let id = token.id;
