@@ -273,6 +273,16 @@ impl<B: Backend> Engine<B> {
         }
     }
 
+    /// Forgets every cached prefix; blocks in use stay with their requests.
+    pub fn reset_prefix_cache(&mut self) {
+        self.kv.clear_cache();
+    }
+
+    /// KV events not yet returned by a step.
+    pub fn take_kv_events(&mut self) -> Vec<KvEvent> {
+        self.kv.take_events()
+    }
+
     /// Every cached block hash (for KV-event snapshots).
     pub fn cached_hashes(&self) -> Vec<u64> {
         self.kv.cached_hashes()

@@ -23,6 +23,8 @@ pub enum Command {
     },
     Abort(RequestId),
     Snapshot(oneshot::Sender<KvSnapshot>),
+    /// Forget every cached prefix (an `all_cleared` KV event follows).
+    ResetPrefixCache,
 }
 
 /// What the HTTP side reads of the engine.
@@ -122,6 +124,15 @@ fn handle(
         Command::Abort(id) => {
             engine.abort(id);
             outputs.remove(&id);
+        }
+        Command::ResetPrefixCache => {
+            engine.reset_prefix_cache();
+            let events = engine.take_kv_events();
+            shared
+                .events
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .publish(events);
         }
         Command::Snapshot(reply) => {
             let seq = shared

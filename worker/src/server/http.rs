@@ -54,6 +54,15 @@ pub async fn handle(
         (Method::GET, "/kv/snapshot") => snapshot(&ctx).await,
         (Method::GET, "/kv/events") => events(&ctx, &query),
         (Method::POST, "/tokenize") => tokenize(&ctx, req).await,
+        (Method::POST, "/reset_prefix_cache") => {
+            match ctx.commands.send(Command::ResetPrefixCache).await {
+                Ok(()) => json(200, &serde_json::json!({ "status": "ok" })),
+                Err(_) => error(&ApiError::new(
+                    ErrorKind::Unavailable,
+                    "the engine has stopped",
+                )),
+            }
+        }
         (Method::POST, "/detokenize") => detokenize(&ctx, req).await,
         (_, p) => error(&ApiError::new(
             ErrorKind::NotFound,
