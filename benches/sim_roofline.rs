@@ -4,6 +4,8 @@
 //! 4,096-token prompt, and aggregate decode rate of 32 concurrent streams. Each is compared with
 //! what the profile's formula predicts for the same step shapes; the check passes within 10 %.
 //! Run: `cargo bench --bench sim_roofline`
+// Benchmarks are not request paths: failing loudly is what they should do.
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 use kvgate_worker::backend::profile::Profile;
 use std::process::{Command, Stdio};
@@ -45,6 +47,7 @@ fn main() {
     let runtime = tokio::runtime::Runtime::new().unwrap_or_else(|e| panic!("{e}"));
     let rows = runtime.block_on(measure(port, &profile));
     let _ = worker.kill();
+    let _ = worker.wait();
     println!(
         "Sim backend vs its profile ({}), over HTTP, time scale 1:",
         profile.name

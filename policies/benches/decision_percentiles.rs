@@ -1,6 +1,8 @@
 //! Decision-time percentiles (criterion reports means): times 200,000 single decisions at 8,
 //! 64 and 1024 replicas with 1M prefix chunks indexed, half warm prefixes, half cold.
 //! Run: `cargo bench -p kvgate-policies --bench decision_percentiles`
+// Benchmarks are not request paths: failing loudly is what they should do.
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 mod fleet;
 

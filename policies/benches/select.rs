@@ -1,5 +1,7 @@
 //! One routing decision at 8, 64 and 1024 replicas, with 1M prefix chunks indexed.
 //! Run: `cargo bench -p kvgate-policies --bench select`
+// Benchmarks are not request paths: failing loudly is what they should do.
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 mod fleet;

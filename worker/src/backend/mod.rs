@@ -2,6 +2,7 @@
 //! (reading and writing KV through the block tables) and samples a token for every slice that
 //! reaches the end of its request's known tokens.
 
+pub mod cpu;
 pub mod profile;
 pub mod sim;
 

@@ -1,0 +1,117 @@
+//! Dot products of one quantised weight row with one quantised activation row: the inner loop
+//! of every matrix product. A portable version and an AVX2 version, chosen once at run time
+//! from what the CPU supports. Both compute exactly the same integer sums per block; only the
+//! order of the float accumulation differs.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+mod portable;
+
+use super::quant::{Q8Row, WeightType};
+
+/// Which implementation runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    Portable,
+    Avx2,
+}
+
+impl Isa {
+    /// The best this CPU supports (or `Portable` when `KVGATE_ISA=portable` asks for it).
+    pub fn detect() -> Isa {
+        let forced = std::env::var("KVGATE_ISA").unwrap_or_default();
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma");
+            if avx2 && forced != "portable" {
+                return Isa::Avx2;
+            }
+        }
+        let _ = forced;
+        Isa::Portable
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            Isa::Avx2 => "avx2",
+        }
+    }
+}
+
+/// `weights · activation` for one row (a whole number of 32-weight blocks).
+pub fn dot(isa: Isa, kind: WeightType, row: &[u8], act: &Q8Row) -> f32 {
+    match (isa, kind) {
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, WeightType::Q4_1) => avx2::q4_1_q8_1(row, act),
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, WeightType::Q8_0) => avx2::q8_0_q8_0(row, act),
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, WeightType::Q4_0) => avx2::q4_0_q8_0(row, act),
+        (_, WeightType::Q4_1) => portable::q4_1_q8_1(row, act),
+        (_, WeightType::Q8_0) => portable::q8_0_q8_0(row, act),
+        (_, WeightType::Q4_0) => portable::q4_0_q8_0(row, act),
+        // Float weights are converted to Q8_0 at load (see `weights.rs`).
+        (_, WeightType::F32 | WeightType::F16 | WeightType::BF16) => 0.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::quant::{dequantize_row, QK};
+    use super::*;
+    use half::f16;
+    use proptest::prelude::*;
+
+    fn random_row(kind: WeightType, blocks: usize, seed: u64) -> Vec<u8> {
+        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let size = kind.row_bytes(QK);
+        let mut row = Vec::new();
+        for _ in 0..blocks {
+            let mut block: Vec<u8> = (0..size).map(|_| next() as u8).collect();
+            let d = f16::from_f32(0.001 + (next() % 1000) as f32 * 1e-4);
+            block[0..2].copy_from_slice(&d.to_bits().to_le_bytes());
+            if kind == WeightType::Q4_1 {
+                let m = f16::from_f32(-((next() % 1000) as f32) * 1e-4);
+                block[2..4].copy_from_slice(&m.to_bits().to_le_bytes());
+            }
+            row.extend(block);
+        }
+        row
+    }
+
+    proptest! {
+        /// Every implementation agrees with dequantise-then-multiply on the same quantised
+        /// activation, within float rounding.
+        #[test]
+        fn kernels_agree(blocks in 1usize..40, seed in any::<u64>(), xs in prop::collection::vec(-4.0f32..4.0, 32 * 40)) {
+            let mut act = Q8Row::default();
+            act.quantize(&xs[..blocks * QK]);
+            let deq_act: Vec<f32> = (0..blocks * QK).map(|i| f32::from(act.q[i]) * act.d[i / QK]).collect();
+            for kind in [WeightType::Q4_1, WeightType::Q8_0, WeightType::Q4_0] {
+                let row = random_row(kind, blocks, seed);
+                let mut w = vec![0f32; blocks * QK];
+                dequantize_row(kind, &row, &mut w);
+                let mut reference: f64 = w.iter().zip(&deq_act).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum();
+                if kind == WeightType::Q4_1 {
+                    // Q4_1's offset term uses the f16-rounded block sum `s`, as llama.cpp does.
+                    let m: Vec<f32> = row.chunks_exact(20).map(|b| f16::from_bits(u16::from_le_bytes([b[2], b[3]])).to_f32()).collect();
+                    let exact_offset: f64 = (0..blocks).map(|b| f64::from(m[b]) * deq_act[b * QK..(b + 1) * QK].iter().map(|v| f64::from(*v)).sum::<f64>()).sum();
+                    let stored_offset: f64 = (0..blocks).map(|b| f64::from(m[b]) * f64::from(act.s[b])).sum();
+                    reference += stored_offset - exact_offset;
+                }
+                for isa in [Isa::Portable, Isa::detect()] {
+                    let got = f64::from(dot(isa, kind, &row, &act));
+                    prop_assert!((got - reference).abs() <= 1e-3 * (1.0 + reference.abs()), "{kind:?} {isa:?}: {got} vs {reference}");
+                }
+            }
+        }
+    }
+}
