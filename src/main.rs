@@ -32,9 +32,16 @@ enum Command {
     },
     /// Run an inference worker: the engine behind an OpenAI-compatible server.
     Worker {
-        /// Only `sim` today: GPU timing from a hardware profile, deterministic tokens.
-        #[arg(long, value_enum, default_value = "sim")]
+        /// `cpu`: the model computed here; `sim`: GPU timing from a hardware profile and
+        /// deterministic tokens.
+        #[arg(long, value_enum, default_value = "cpu")]
         backend: Backend,
+        /// CPU backend: threads for the matrix products.
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        /// CPU backend: memory for the KV cache, in MiB.
+        #[arg(long, default_value_t = 512)]
+        kv_cache_mib: usize,
         #[arg(long, default_value = "127.0.0.1")]
         host: std::net::IpAddr,
         #[arg(long)]
@@ -106,6 +113,7 @@ const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum Backend {
+    Cpu,
     Sim,
 }
 
@@ -131,7 +139,9 @@ fn run(command: Command) -> Result<(), String> {
             kvgate_router::run(&config, listen).map_err(|e| e.to_string())
         }
         Command::Worker {
-            backend: Backend::Sim,
+            backend,
+            threads,
+            kv_cache_mib,
             host,
             port,
             model,
@@ -167,9 +177,15 @@ fn run(command: Command) -> Result<(), String> {
                 addr: SocketAddr::new(host, port),
                 model,
                 served_model_name,
-                backend: kvgate_worker::server::BackendChoice::Sim {
-                    profile,
-                    time_scale,
+                backend: match backend {
+                    Backend::Sim => kvgate_worker::server::BackendChoice::Sim {
+                        profile,
+                        time_scale,
+                    },
+                    Backend::Cpu => kvgate_worker::server::BackendChoice::Cpu {
+                        threads: threads.max(1),
+                        kv_cache_bytes: kv_cache_mib << 20,
+                    },
                 },
                 block_size,
                 num_blocks,

@@ -6,6 +6,7 @@ pub mod engine;
 pub mod kv;
 pub mod model;
 pub mod request;
+pub mod sample;
 pub mod sched;
 pub mod server;
 

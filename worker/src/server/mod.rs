@@ -8,6 +8,7 @@ mod generation;
 mod http;
 mod metrics;
 
+use crate::backend::cpu::{CpuBackend, CpuConfig};
 use crate::backend::profile::Profile;
 use crate::backend::sim::SimBackend;
 use crate::backend::Backend;
@@ -27,7 +28,14 @@ const EVENT_LOG: usize = 65_536;
 
 #[derive(Debug, Clone)]
 pub enum BackendChoice {
-    Sim { profile: PathBuf, time_scale: f64 },
+    Sim {
+        profile: PathBuf,
+        time_scale: f64,
+    },
+    Cpu {
+        threads: usize,
+        kv_cache_bytes: usize,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -69,6 +77,20 @@ pub fn run(config: WorkerConfig) -> Result<(), String> {
                 )),
                 *time_scale,
             )
+        }
+        BackendChoice::Cpu {
+            threads,
+            kv_cache_bytes,
+        } => {
+            let cpu = CpuConfig {
+                threads: *threads,
+                kv_cache_bytes: *kv_cache_bytes,
+                block_size: config.block_size,
+            };
+            let backend = CpuBackend::load(&config.model, &model, &cpu)
+                .map_err(|e| format!("{}: {e}", config.model.display()))?;
+            tracing::info!(isa = backend.isa().name(), threads, "cpu backend loaded");
+            (Box::new(backend), 1.0)
         }
     };
     let max_model_len = config.max_model_len.unwrap_or(model.params.context_length);

@@ -1,4 +1,108 @@
-//! The CPU backend: SmolLM2 (Llama family) from GGUF with quantised kernels.
+//! The CPU backend: SmolLM2 (Llama family) from GGUF with quantised kernels, behind the
+//! engine's `Backend` trait.
 
 pub mod dot;
+pub mod forward;
+pub mod kv_cache;
+pub mod matmul;
 pub mod quant;
+pub mod weights;
+
+use super::{Backend, BackendError, BatchOutput, BatchSlice};
+use crate::model::ModelFile;
+use crate::sample::sample;
+use dot::Isa;
+use forward::Forward;
+use kv_cache::KvCache;
+use std::path::Path;
+use weights::{WeightError, Weights};
+
+#[derive(Debug, Clone)]
+pub struct CpuConfig {
+    /// Threads for the matrix products (1: the calling thread only).
+    pub threads: usize,
+    /// Memory for the KV cache.
+    pub kv_cache_bytes: usize,
+    pub block_size: usize,
+}
+
+pub struct CpuBackend {
+    forward: Forward,
+    num_blocks: usize,
+    block_size: usize,
+}
+
+impl CpuBackend {
+    pub fn load(
+        path: &Path,
+        model: &ModelFile,
+        config: &CpuConfig,
+    ) -> Result<CpuBackend, WeightError> {
+        let weights = Weights::load(path, &model.gguf, &model.params)?;
+        let p = &model.params;
+        let kv_dim = p.kv_heads * p.head_dim;
+        let per_block = KvCache::bytes_per_token(p.layers, kv_dim) * config.block_size;
+        let num_blocks = (config.kv_cache_bytes / per_block.max(1)).max(1);
+        let kv = KvCache::new(p.layers, num_blocks, config.block_size, kv_dim);
+        let pool = match config.threads {
+            0 | 1 => None,
+            n => Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n)
+                    .thread_name(|i| format!("cpu-backend-{i}"))
+                    .build()
+                    .map_err(|e| WeightError::Params(format!("cannot start {n} threads: {e}")))?,
+            ),
+        };
+        Ok(CpuBackend {
+            forward: Forward::new(weights, kv, Isa::detect(), pool),
+            num_blocks,
+            block_size: config.block_size,
+        })
+    }
+
+    pub fn isa(&self) -> Isa {
+        self.forward.isa()
+    }
+
+    /// Weight bytes read per decoded token at batch 1.
+    pub fn bytes_per_token(&self) -> usize {
+        self.forward.weights.bytes_per_token()
+    }
+
+    /// Runs a batch and returns the logits of the slices that sample (for tests and tools).
+    pub fn logits(&mut self, batch: &[BatchSlice<'_>]) -> Vec<(usize, Vec<f32>)> {
+        self.forward.run(batch)
+    }
+}
+
+impl Backend for CpuBackend {
+    fn execute(&mut self, batch: &[BatchSlice<'_>]) -> Result<BatchOutput, BackendError> {
+        let sampled = self
+            .forward
+            .run(batch)
+            .into_iter()
+            .map(|(i, logits)| {
+                let s = &batch[i];
+                // Without a seed, the request id seeds the draws (different per request).
+                let seed = s
+                    .params
+                    .seed
+                    .unwrap_or(s.id.wrapping_mul(0x2545_F491_4F6C_DD1D));
+                (s.id, sample(&logits, s.params, seed, s.num_output_tokens))
+            })
+            .collect();
+        Ok(BatchOutput {
+            sampled,
+            modelled_duration: None,
+        })
+    }
+
+    fn kv_capacity_blocks(&self, block_size: usize) -> usize {
+        if block_size == self.block_size {
+            self.num_blocks
+        } else {
+            0
+        }
+    }
+}

@@ -131,7 +131,7 @@ impl Q8Row {
             let xs = &x[b * QK..(b + 1) * QK];
             let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
             let d = amax / 127.0;
-            let id = if d == 0.0 { 0.0 } else { 1.0 / d };
+            let id = if amax == 0.0 { 0.0 } else { 1.0 / d };
             let mut sum = 0i32;
             for (q, &v) in self.q[b * QK..(b + 1) * QK].iter_mut().zip(xs) {
                 let r = (v * id).round() as i32;

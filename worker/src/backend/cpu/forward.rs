@@ -1,0 +1,277 @@
+//! One forward pass over a step's batch: every token of every slice goes through the layers
+//! together (so each weight is read once per step); attention reads each request's earlier
+//! K/V through its block table; logits are computed only where the step samples.
+
+use super::dot::Isa;
+use super::kv_cache::KvCache;
+use super::matmul::Matmul;
+use super::quant::Q8Row;
+use super::weights::Weights;
+use crate::backend::BatchSlice;
+
+/// Reusable buffers, grown to the largest step seen (no allocation per step after warm-up).
+#[derive(Default)]
+struct Scratch {
+    x: Vec<f32>,
+    xb: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    att: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    acts: Vec<Q8Row>,
+    matmul: Vec<f32>,
+    scores: Vec<f32>,
+    rope: Vec<(f32, f32)>,
+    positions: Vec<usize>,
+    /// (slice index, token row) of the tokens whose logits are needed.
+    sample_rows: Vec<(usize, usize)>,
+}
+
+pub struct Forward {
+    pub weights: Weights,
+    pub kv: KvCache,
+    isa: Isa,
+    pool: Option<rayon::ThreadPool>,
+    scratch: Scratch,
+    inv_freq: Vec<f32>,
+}
+
+fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+    &mut v[..n]
+}
+
+fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let sum: f64 = x.iter().map(|v| f64::from(*v) * f64::from(*v)).sum();
+    let scale = 1.0 / ((sum / x.len() as f64) as f32 + eps).sqrt();
+    for ((o, v), g) in out.iter_mut().zip(x).zip(w) {
+        *o = v * scale * g;
+    }
+}
+
+impl Forward {
+    pub fn new(
+        weights: Weights,
+        kv: KvCache,
+        isa: Isa,
+        pool: Option<rayon::ThreadPool>,
+    ) -> Forward {
+        let p = &weights.params;
+        let hd = p.head_dim;
+        let inv_freq = (0..hd / 2)
+            .map(|i| p.rope_theta.powf(-(2.0 * i as f32) / hd as f32))
+            .collect();
+        Forward {
+            weights,
+            kv,
+            isa,
+            pool,
+            scratch: Scratch::default(),
+            inv_freq,
+        }
+    }
+
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// Runs the batch; returns, for each slice that samples, its index and its logits.
+    pub fn run(&mut self, batch: &[BatchSlice<'_>]) -> Vec<(usize, Vec<f32>)> {
+        let p = self.weights.params.clone();
+        let (h, hd) = (p.hidden, p.head_dim);
+        let (q_dim, kv_dim) = (p.heads * hd, p.kv_heads * hd);
+        let group = p.heads / p.kv_heads;
+        let tokens: usize = batch.iter().map(|s| s.len).sum();
+        let s = &mut self.scratch;
+        let mm = Matmul {
+            isa: self.isa,
+            pool: self.pool.as_ref(),
+        };
+        if s.acts.len() < tokens {
+            s.acts.resize_with(tokens, Q8Row::default);
+        }
+
+        // Embeddings, positions, RoPE angles, and which rows need logits.
+        let x = grow(&mut s.x, tokens * h);
+        s.positions.clear();
+        s.sample_rows.clear();
+        let mut t = 0;
+        for (i, slice) in batch.iter().enumerate() {
+            for pos in slice.start..slice.start + slice.len {
+                let token = slice.tokens[pos] as usize;
+                self.weights
+                    .embed
+                    .row_f32(token.min(p.vocab_size - 1), &mut x[t * h..(t + 1) * h]);
+                s.positions.push(pos);
+                t += 1;
+            }
+            if slice.samples {
+                s.sample_rows.push((i, t - 1));
+            }
+        }
+        s.rope.clear();
+        for &pos in &s.positions {
+            s.rope.extend(
+                self.inv_freq
+                    .iter()
+                    .map(|f| (pos as f32 * f).sin_cos())
+                    .map(|(sin, cos)| (cos, sin)),
+            );
+        }
+
+        for (l, layer) in self.weights.layers.iter().enumerate() {
+            // Attention block.
+            let x = &mut s.x[..tokens * h];
+            let xb = grow(&mut s.xb, tokens * h);
+            for t in 0..tokens {
+                rms_norm(
+                    &x[t * h..(t + 1) * h],
+                    &layer.attn_norm,
+                    p.rms_eps,
+                    &mut xb[t * h..(t + 1) * h],
+                );
+                s.acts[t].quantize(&xb[t * h..(t + 1) * h]);
+            }
+            let q = grow(&mut s.q, tokens * q_dim);
+            mm.run(&layer.wq, &s.acts, xb, tokens, q, &mut s.matmul);
+            let k = grow(&mut s.k, tokens * kv_dim);
+            mm.run(&layer.wk, &s.acts, xb, tokens, k, &mut s.matmul);
+            let v = grow(&mut s.v, tokens * kv_dim);
+            mm.run(&layer.wv, &s.acts, xb, tokens, v, &mut s.matmul);
+            for t in 0..tokens {
+                let angles = &s.rope[t * hd / 2..(t + 1) * hd / 2];
+                for head in q[t * q_dim..(t + 1) * q_dim]
+                    .chunks_exact_mut(hd)
+                    .chain(k[t * kv_dim..(t + 1) * kv_dim].chunks_exact_mut(hd))
+                {
+                    // Interleaved pairs (x[2i], x[2i+1]): the GGUF row layout (see weights.rs).
+                    for (pair, &(cos, sin)) in head.chunks_exact_mut(2).zip(angles) {
+                        let (a, b) = (pair[0], pair[1]);
+                        pair[0] = a * cos - b * sin;
+                        pair[1] = a * sin + b * cos;
+                    }
+                }
+            }
+            // Store this step's K/V, then attend (a token sees its own and earlier positions).
+            let mut t = 0;
+            for slice in batch {
+                for pos in slice.start..slice.start + slice.len {
+                    if let Some(off) = self.kv.offset(slice.block_table, pos) {
+                        self.kv.write(
+                            l,
+                            off,
+                            &k[t * kv_dim..(t + 1) * kv_dim],
+                            &v[t * kv_dim..(t + 1) * kv_dim],
+                        );
+                    }
+                    t += 1;
+                }
+            }
+            let att = grow(&mut s.att, tokens * q_dim);
+            let (kc, vc) = self.kv.layer(l);
+            let scale = 1.0 / (hd as f32).sqrt();
+            let mut t = 0;
+            for slice in batch {
+                for pos in slice.start..slice.start + slice.len {
+                    let offsets: Vec<usize> = (0..=pos)
+                        .filter_map(|j| self.kv.offset(slice.block_table, j))
+                        .collect();
+                    let scores = grow(&mut s.scores, offsets.len());
+                    for head in 0..p.heads {
+                        let kv_head = (head / group) * hd;
+                        // llama.cpp multiplies f16 K by the query converted to f16.
+                        let qh: Vec<f32> = q[t * q_dim + head * hd..t * q_dim + (head + 1) * hd]
+                            .iter()
+                            .map(|v| half::f16::from_f32(*v).to_f32())
+                            .collect();
+                        let mut max = f32::NEG_INFINITY;
+                        for (sc, &off) in scores.iter_mut().zip(&offsets) {
+                            let kh = &kc[off + kv_head..off + kv_head + hd];
+                            *sc =
+                                qh.iter().zip(kh).map(|(a, b)| a * b.to_f32()).sum::<f32>() * scale;
+                            max = max.max(*sc);
+                        }
+                        let mut sum = 0.0f64;
+                        for sc in scores.iter_mut() {
+                            *sc = (*sc - max).exp();
+                            sum += f64::from(*sc);
+                        }
+                        let inv = (1.0 / sum) as f32;
+                        let out = &mut att[t * q_dim + head * hd..t * q_dim + (head + 1) * hd];
+                        out.fill(0.0);
+                        for (&w, &off) in scores.iter().zip(&offsets) {
+                            let vh = &vc[off + kv_head..off + kv_head + hd];
+                            // ... and f16 V by the attention weights converted to f16.
+                            let w = half::f16::from_f32(w * inv).to_f32();
+                            for (o, val) in out.iter_mut().zip(vh) {
+                                *o += w * val.to_f32();
+                            }
+                        }
+                    }
+                    t += 1;
+                }
+            }
+            for t in 0..tokens {
+                s.acts[t].quantize(&att[t * q_dim..(t + 1) * q_dim]);
+            }
+            let o = grow(&mut s.xb, tokens * h);
+            mm.run(&layer.wo, &s.acts, att, tokens, o, &mut s.matmul);
+            for (xv, ov) in s.x[..tokens * h].iter_mut().zip(o.iter()) {
+                *xv += ov;
+            }
+
+            // Feed-forward block (SwiGLU).
+            let x = &s.x[..tokens * h];
+            let xb = grow(&mut s.xb, tokens * h);
+            for t in 0..tokens {
+                rms_norm(
+                    &x[t * h..(t + 1) * h],
+                    &layer.ffn_norm,
+                    p.rms_eps,
+                    &mut xb[t * h..(t + 1) * h],
+                );
+                s.acts[t].quantize(&xb[t * h..(t + 1) * h]);
+            }
+            let gate = grow(&mut s.gate, tokens * p.ffn);
+            mm.run(&layer.w_gate, &s.acts, xb, tokens, gate, &mut s.matmul);
+            let up = grow(&mut s.up, tokens * p.ffn);
+            mm.run(&layer.w_up, &s.acts, xb, tokens, up, &mut s.matmul);
+            for (g, u) in gate.iter_mut().zip(up.iter()) {
+                *g = *g / (1.0 + (-*g).exp()) * u;
+            }
+            for t in 0..tokens {
+                s.acts[t].quantize(&gate[t * p.ffn..(t + 1) * p.ffn]);
+            }
+            let down = grow(&mut s.xb, tokens * h);
+            mm.run(&layer.w_down, &s.acts, gate, tokens, down, &mut s.matmul);
+            for (xv, dv) in s.x[..tokens * h].iter_mut().zip(down.iter()) {
+                *xv += dv;
+            }
+        }
+
+        // Final norm and the output head, only where a token is sampled.
+        let n = s.sample_rows.len();
+        let mut normed = vec![0f32; n * h];
+        for (j, &(_, t)) in s.sample_rows.iter().enumerate() {
+            rms_norm(
+                &s.x[t * h..(t + 1) * h],
+                &self.weights.output_norm,
+                p.rms_eps,
+                &mut normed[j * h..(j + 1) * h],
+            );
+            s.acts[j].quantize(&normed[j * h..(j + 1) * h]);
+        }
+        let head = self.weights.head();
+        let mut logits = vec![0f32; n * head.rows];
+        mm.run(head, &s.acts, &normed, n, &mut logits, &mut s.matmul);
+        s.sample_rows
+            .iter()
+            .enumerate()
+            .map(|(j, &(i, _))| (i, logits[j * head.rows..(j + 1) * head.rows].to_vec()))
+            .collect()
+    }
+}

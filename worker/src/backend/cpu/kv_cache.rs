@@ -1,0 +1,51 @@
+//! The paged KV cache: per layer, K and V for every slot of every block, in f16 as llama.cpp
+//! keeps them by default. A token's slot comes from its request's block table.
+
+use half::f16;
+
+pub struct KvCache {
+    block_size: usize,
+    kv_dim: usize,
+    /// Per layer: (K, V), each `(num_blocks + 1) * block_size * kv_dim` (block 0 is the null
+    /// block and never written).
+    layers: Vec<(Vec<f16>, Vec<f16>)>,
+}
+
+impl KvCache {
+    pub fn new(layers: usize, num_blocks: usize, block_size: usize, kv_dim: usize) -> KvCache {
+        let size = (num_blocks + 1) * block_size * kv_dim;
+        KvCache {
+            block_size,
+            kv_dim,
+            layers: (0..layers)
+                .map(|_| (vec![f16::ZERO; size], vec![f16::ZERO; size]))
+                .collect(),
+        }
+    }
+
+    /// Bytes per token of cache (K and V, all layers).
+    pub fn bytes_per_token(layers: usize, kv_dim: usize) -> usize {
+        layers * 2 * kv_dim * 2
+    }
+
+    /// Offset of position `pos`'s vector, or `None` if the block table does not reach it.
+    pub fn offset(&self, block_table: &[u32], pos: usize) -> Option<usize> {
+        let block = *block_table.get(pos / self.block_size)? as usize;
+        Some((block * self.block_size + pos % self.block_size) * self.kv_dim)
+    }
+
+    pub fn write(&mut self, layer: usize, offset: usize, k: &[f32], v: &[f32]) {
+        let (ks, vs) = &mut self.layers[layer];
+        for (dst, src) in ks[offset..offset + self.kv_dim].iter_mut().zip(k) {
+            *dst = f16::from_f32(*src);
+        }
+        for (dst, src) in vs[offset..offset + self.kv_dim].iter_mut().zip(v) {
+            *dst = f16::from_f32(*src);
+        }
+    }
+
+    pub fn layer(&self, layer: usize) -> (&[f16], &[f16]) {
+        let (k, v) = &self.layers[layer];
+        (k, v)
+    }
+}

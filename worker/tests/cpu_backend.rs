@@ -1,0 +1,218 @@
+//! The CPU backend against llama.cpp on the same GGUF (golden data recorded from
+//! llama-cpp-python 0.3.36 by `tests/golden/record_logits.py`): same prompt ids and rendering,
+//! the same top-1 and close logits at the first step; and a request's greedy output is the
+//! same alone or in a batch.
+//!
+//! Not yet asserted: identical 32-token greedy continuations for 18 of 20 prompts (today: 5).
+//! This model amplifies rounding: changing only the float summation order inside the dot
+//! products (portable versus AVX2 kernels, mathematically identical) moves first-step logits
+//! by 0.59 on average, because 8-bit activation quantisation turns tiny differences into flipped
+//! codes, layer after layer. Agreement on continuations therefore needs llama.cpp's arithmetic
+//! reproduced operation by operation (see the issue note).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use kvgate_protocol::HashSeed;
+use kvgate_worker::backend::cpu::{CpuBackend, CpuConfig};
+use kvgate_worker::backend::BatchSlice;
+use kvgate_worker::model::template::TemplateMessage;
+use kvgate_worker::model::ModelFile;
+use kvgate_worker::sched::SchedulerConfig;
+use kvgate_worker::{Engine, EngineConfig, NewRequest, SamplingParams};
+use std::path::PathBuf;
+
+/// Largest |ours - llama.cpp| over all 49,152 first-step logits allowed (logits span about
+/// -15..30). Both engines quantise activations to 8 bits per 32-value block, keep K/V in f16
+/// and round queries and attention weights to f16, but sum in other orders and use other exp
+/// approximations; as measured above, summation order alone moves logits by up to 1.4 here.
+/// Measured today: 0.51 to 1.91 per prompt.
+const LOGIT_TOLERANCE: f32 = 2.0;
+
+/// Prompts (of 20) whose first-step top-1 must equal llama.cpp's. Measured today: 18; the
+/// two others are near-ties.
+const TOP1_AGREEMENT: usize = 18;
+
+fn model_path() -> PathBuf {
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/fetch-model",
+        path.display()
+    );
+    path
+}
+
+struct Golden {
+    cases: Vec<serde_json::Value>,
+    logits: Vec<f32>,
+}
+
+fn golden() -> Golden {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    let bytes = std::fs::read(dir.join("logits.f16")).unwrap();
+    let logits = bytes
+        .chunks_exact(2)
+        .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+        .collect();
+    Golden {
+        cases: reference["cases"].as_array().unwrap().clone(),
+        logits,
+    }
+}
+
+fn backend(model: &ModelFile) -> CpuBackend {
+    CpuBackend::load(
+        &model_path(),
+        model,
+        &CpuConfig {
+            threads: 1,
+            kv_cache_bytes: 64 << 20,
+            block_size: 16,
+        },
+    )
+    .unwrap()
+}
+
+fn ids(case: &serde_json::Value) -> Vec<u32> {
+    serde_json::from_value(case["ids"].clone()).unwrap()
+}
+
+#[test]
+fn prompts_tokenize_and_render_as_llama_cpp_does() {
+    let model = ModelFile::open(&model_path()).unwrap();
+    for case in golden().cases {
+        let text = case["text"].as_str().unwrap();
+        let rendered = if case["kind"] == "chat" {
+            let messages = [TemplateMessage {
+                role: "user".into(),
+                content: text.into(),
+            }];
+            model.template.as_ref().unwrap().render(&messages).unwrap()
+        } else {
+            text.to_string()
+        };
+        assert_eq!(rendered, case["rendered"].as_str().unwrap());
+        assert_eq!(
+            model.tokenizer.encode(&rendered, true).unwrap(),
+            ids(&case),
+            "{text:?}"
+        );
+    }
+}
+
+#[test]
+fn first_step_logits_match_llama_cpp() {
+    let model = ModelFile::open(&model_path()).unwrap();
+    let mut cpu = backend(&model);
+    let g = golden();
+    let vocab = model.params.vocab_size;
+    let params = SamplingParams::default();
+    let mut worst = 0.0f32;
+    let mut agree = 0;
+    for (n, case) in g.cases.iter().enumerate() {
+        let prompt = ids(case);
+        let table: Vec<u32> = (1..=prompt.len().div_ceil(16) as u32).collect();
+        let slice = BatchSlice {
+            id: 0,
+            tokens: &prompt,
+            start: 0,
+            len: prompt.len(),
+            block_table: &table,
+            samples: true,
+            params: &params,
+            num_output_tokens: 0,
+        };
+        let logits = cpu.logits(&[slice]).remove(0).1;
+        let reference = &g.logits[n * vocab..(n + 1) * vocab];
+        let diff = logits
+            .iter()
+            .zip(reference)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        worst = worst.max(diff);
+        let top1 = kvgate_worker::sample::argmax(&logits);
+        if u64::from(top1) == case["top1"].as_u64().unwrap() {
+            agree += 1;
+        }
+        assert!(
+            diff <= LOGIT_TOLERANCE,
+            "case {n}: max |diff| {diff} over {LOGIT_TOLERANCE}"
+        );
+    }
+    eprintln!("max |logit difference| over 20 prompts: {worst}; top-1 agrees on {agree} of 20");
+    assert!(
+        agree >= TOP1_AGREEMENT,
+        "top-1 agrees with llama.cpp on {agree} of 20 prompts"
+    );
+}
+
+fn engine(model: &ModelFile) -> Engine<CpuBackend> {
+    let config = EngineConfig {
+        block_size: 16,
+        num_blocks: None,
+        max_model_len: 2048,
+        prefix_caching: true,
+        scheduler: SchedulerConfig {
+            max_num_batched_tokens: 512,
+            max_num_seqs: 32,
+            ..Default::default()
+        },
+        hash_seed: HashSeed::new("test", None, ""),
+        eos_token_ids: model.tokenizer.eos_token_id.into_iter().collect(),
+    };
+    Engine::new(config, backend(model))
+}
+
+fn greedy(max_tokens: u32) -> SamplingParams {
+    SamplingParams {
+        max_tokens,
+        temperature: 0.0,
+        ..Default::default()
+    }
+}
+
+fn run(e: &mut Engine<CpuBackend>) -> std::collections::HashMap<u64, Vec<u32>> {
+    let mut out: std::collections::HashMap<u64, Vec<u32>> = Default::default();
+    while e.has_work() {
+        for t in e.step().unwrap().tokens {
+            // llama.cpp's continuation stops before the end-of-sequence token.
+            if t.finished != Some(kvgate_worker::FinishReason::Stop) {
+                out.entry(t.id).or_default().push(t.token);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_prompt_gives_the_same_greedy_output_alone_or_among_16_others() {
+    let model = ModelFile::open(&model_path()).unwrap();
+    let g = golden();
+    let mut batch = engine(&model);
+    for (n, case) in g.cases.iter().take(17).enumerate() {
+        batch
+            .add_request(NewRequest {
+                id: n as u64,
+                prompt: ids(case),
+                params: greedy(32),
+                priority: 0,
+            })
+            .unwrap();
+    }
+    let batched = run(&mut batch);
+    let mut alone = engine(&model);
+    alone
+        .add_request(NewRequest {
+            id: 3,
+            prompt: ids(&g.cases[3]),
+            params: greedy(32),
+            priority: 0,
+        })
+        .unwrap();
+    let single = run(&mut alone);
+    assert!(single.get(&3).is_some_and(|t| !t.is_empty()));
+    assert_eq!(single.get(&3), batched.get(&3));
+}
