@@ -191,8 +191,7 @@ impl Forward {
                         let mut max = f32::NEG_INFINITY;
                         for (sc, &off) in scores.iter_mut().zip(&offsets) {
                             let kh = &kc[off + kv_head..off + kv_head + hd];
-                            *sc =
-                                qh.iter().zip(kh).map(|(a, b)| a * b.to_f32()).sum::<f32>() * scale;
+                            *sc = qh.iter().zip(kh).map(|(a, b)| a * b).sum::<f32>() * scale;
                             max = max.max(*sc);
                         }
                         let mut sum = 0.0f64;
@@ -208,7 +207,7 @@ impl Forward {
                             // ... and f16 V by the attention weights converted to f16.
                             let w = half::f16::from_f32(w * inv).to_f32();
                             for (o, val) in out.iter_mut().zip(vh) {
-                                *o += w * val.to_f32();
+                                *o += w * val;
                             }
                         }
                     }

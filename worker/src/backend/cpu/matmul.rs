@@ -1,8 +1,8 @@
 //! Matrix times a batch of activation rows, split over output rows across the backend's
 //! threads, so that every weight is read once per step whatever the batch size.
 
-use super::dot::{dot, Isa};
-use super::quant::Q8Row;
+use super::dot::{dot, Isa, QuantRow};
+use super::quant::{Q8Row, QK};
 use super::weights::{Matrix, MatrixData};
 use rayon::prelude::*;
 
@@ -42,8 +42,19 @@ impl Matmul<'_> {
                         kind,
                         bytes,
                         row_bytes,
+                        d,
+                        m,
                     } => {
-                        let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
+                        let blocks = w.cols / QK;
+                        let row = QuantRow {
+                            blocks: &bytes[r * row_bytes..(r + 1) * row_bytes],
+                            d: &d[r * blocks..(r + 1) * blocks],
+                            m: if m.is_empty() {
+                                &[]
+                            } else {
+                                &m[r * blocks..(r + 1) * blocks]
+                            },
+                        };
                         for (t, o) in per_row.iter_mut().enumerate() {
                             *o = dot(isa, *kind, row, &acts[t]);
                         }

@@ -46,11 +46,15 @@ pub struct Matrix {
 
 #[derive(Debug, Clone)]
 pub enum MatrixData {
-    /// Rows of ggml blocks (Q8_0, Q4_0 or Q4_1).
+    /// Rows of ggml blocks (Q8_0, Q4_0 or Q4_1), with every block's scale `d` (and Q4_1's
+    /// offset `m`) also decoded to f32, `rows * cols / 32` of each, so that the kernels do not
+    /// convert f16 in their inner loop.
     Quantized {
         kind: WeightType,
         bytes: Vec<u8>,
         row_bytes: usize,
+        d: Vec<f32>,
+        m: Vec<f32>,
     },
     F32(Vec<f32>),
 }
@@ -63,6 +67,7 @@ impl Matrix {
                 kind,
                 bytes,
                 row_bytes,
+                ..
             } => dequantize_row(*kind, &bytes[r * row_bytes..(r + 1) * row_bytes], out),
             MatrixData::F32(v) => out.copy_from_slice(&v[r * self.cols..(r + 1) * self.cols]),
         }
@@ -172,6 +177,20 @@ impl Weights {
     }
 }
 
+/// Every block's scale `d` and (Q4_1) offset `m` as f32.
+pub fn block_scales(kind: WeightType, bytes: &[u8]) -> (Vec<f32>, Vec<f32>) {
+    let size = kind.row_bytes(QK);
+    let half =
+        |b: &[u8], at: usize| half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32();
+    let d = bytes.chunks_exact(size).map(|b| half(b, 0)).collect();
+    let m = if kind == WeightType::Q4_1 {
+        bytes.chunks_exact(size).map(|b| half(b, 2)).collect()
+    } else {
+        Vec::new()
+    };
+    (d, m)
+}
+
 struct TensorReader<'a> {
     file: &'a mut std::fs::File,
     gguf: &'a Gguf,
@@ -235,10 +254,13 @@ impl TensorReader<'_> {
         let bytes = self.bytes(&t, row_bytes as u64 * rows)?;
         let (rows, cols) = (rows as usize, cols as usize);
         let data = if kind.is_blocked() {
+            let (d, m) = block_scales(kind, &bytes);
             MatrixData::Quantized {
                 kind,
                 bytes,
                 row_bytes,
+                d,
+                m,
             }
         } else {
             let mut out = vec![0f32; rows * cols];

@@ -4,105 +4,105 @@
 #![allow(unsafe_code)]
 
 use super::super::quant::{Q8Row, QK};
-use half::f16;
+use super::QuantRow;
 use std::arch::x86_64::*;
 
-fn half(bytes: &[u8], at: usize) -> f32 {
-    f16::from_bits(u16::from_le_bytes([bytes[at], bytes[at + 1]])).to_f32()
+/// True when the scales and `act` cover `blocks` blocks (the callers guarantee it; checked so
+/// that the unchecked loads below stay in bounds whatever happens).
+fn fits(w: &QuantRow<'_>, act: &Q8Row, blocks: usize, needs_m: bool) -> bool {
+    act.q.len() >= blocks * QK
+        && act.d.len() >= blocks
+        && act.s.len() >= blocks
+        && w.d.len() >= blocks
+        && (!needs_m || w.m.len() >= blocks)
 }
 
-/// True when `act` covers `blocks` blocks (the callers guarantee it; checked so that the
-/// unchecked loads below stay in bounds whatever happens).
-fn fits(act: &Q8Row, blocks: usize) -> bool {
-    act.q.len() >= blocks * QK && act.d.len() >= blocks && act.s.len() >= blocks
-}
-
-pub fn q4_1_q8_1(row: &[u8], act: &Q8Row) -> f32 {
-    let blocks = row.len() / 20;
-    if !fits(act, blocks) {
+pub fn q4_1_q8_1(w: QuantRow<'_>, act: &Q8Row) -> f32 {
+    let blocks = w.blocks.len() / 20;
+    if !fits(&w, act, blocks, true) {
         return 0.0;
     }
     // SAFETY: AVX2 and FMA are present (Isa::detect); every load below reads inside `row`
     // (block b spans b*20..b*20+20) or `act.q` (b*32..b*32+32, checked by `fits`).
-    unsafe { q4_1_q8_1_impl(row, act, blocks) }
+    unsafe { q4_1_q8_1_impl(w, act, blocks) }
 }
 
 #[target_feature(enable = "avx2,fma")]
-unsafe fn q4_1_q8_1_impl(row: &[u8], act: &Q8Row, blocks: usize) -> f32 {
+unsafe fn q4_1_q8_1_impl(w: QuantRow<'_>, act: &Q8Row, blocks: usize) -> f32 {
     let low = _mm_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     let mut acc = _mm256_setzero_ps();
     let mut offsets = 0.0f32;
     for b in 0..blocks {
-        let block = &row[b * 20..b * 20 + 20];
+        let block = &w.blocks[b * 20..b * 20 + 20];
         let qs = _mm_loadu_si128(block.as_ptr().add(4).cast());
         // Low nibbles are weights 0..16, high nibbles 16..32.
-        let w = _mm256_set_m128i(
+        let wq = _mm256_set_m128i(
             _mm_and_si128(_mm_srli_epi16(qs, 4), low),
             _mm_and_si128(qs, low),
         );
         let a = _mm256_loadu_si256(act.q.as_ptr().add(b * QK).cast());
-        let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), ones);
-        let scale = _mm256_set1_ps(half(block, 0) * act.d[b]);
+        let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, a), ones);
+        let scale = _mm256_set1_ps(w.d[b] * act.d[b]);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc);
-        offsets += half(block, 2) * act.s[b];
+        offsets += w.m[b] * act.s[b];
     }
     hsum(acc) + offsets
 }
 
-pub fn q4_0_q8_0(row: &[u8], act: &Q8Row) -> f32 {
-    let blocks = row.len() / 18;
-    if !fits(act, blocks) {
+pub fn q4_0_q8_0(w: QuantRow<'_>, act: &Q8Row) -> f32 {
+    let blocks = w.blocks.len() / 18;
+    if !fits(&w, act, blocks, false) {
         return 0.0;
     }
     // SAFETY: as for `q4_1_q8_1`, with 18-byte blocks.
-    unsafe { q4_0_q8_0_impl(row, act, blocks) }
+    unsafe { q4_0_q8_0_impl(w, act, blocks) }
 }
 
 #[target_feature(enable = "avx2,fma")]
-unsafe fn q4_0_q8_0_impl(row: &[u8], act: &Q8Row, blocks: usize) -> f32 {
+unsafe fn q4_0_q8_0_impl(w: QuantRow<'_>, act: &Q8Row, blocks: usize) -> f32 {
     let low = _mm_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     let eight = _mm256_set1_epi8(8);
     let mut acc = _mm256_setzero_ps();
     for b in 0..blocks {
-        let block = &row[b * 18..b * 18 + 18];
+        let block = &w.blocks[b * 18..b * 18 + 18];
         let qs = _mm_loadu_si128(block.as_ptr().add(2).cast());
-        let w = _mm256_set_m128i(
+        let wq = _mm256_set_m128i(
             _mm_and_si128(_mm_srli_epi16(qs, 4), low),
             _mm_and_si128(qs, low),
         );
         let a = _mm256_loadu_si256(act.q.as_ptr().add(b * QK).cast());
         // (w - 8) . a = w . a - 8 * sum(a)
-        let wa = _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), ones);
+        let wa = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, a), ones);
         let ea = _mm256_madd_epi16(_mm256_maddubs_epi16(eight, a), ones);
-        let scale = _mm256_set1_ps(half(block, 0) * act.d[b]);
+        let scale = _mm256_set1_ps(w.d[b] * act.d[b]);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(wa, ea)), scale, acc);
     }
     hsum(acc)
 }
 
-pub fn q8_0_q8_0(row: &[u8], act: &Q8Row) -> f32 {
-    let blocks = row.len() / 34;
-    if !fits(act, blocks) {
+pub fn q8_0_q8_0(w: QuantRow<'_>, act: &Q8Row) -> f32 {
+    let blocks = w.blocks.len() / 34;
+    if !fits(&w, act, blocks, false) {
         return 0.0;
     }
     // SAFETY: as for `q4_1_q8_1`, with 34-byte blocks whose weights are bytes 2..34.
-    unsafe { q8_0_q8_0_impl(row, act, blocks) }
+    unsafe { q8_0_q8_0_impl(w, act, blocks) }
 }
 
 #[target_feature(enable = "avx2,fma")]
-unsafe fn q8_0_q8_0_impl(row: &[u8], act: &Q8Row, blocks: usize) -> f32 {
+unsafe fn q8_0_q8_0_impl(w: QuantRow<'_>, act: &Q8Row, blocks: usize) -> f32 {
     let ones = _mm256_set1_epi16(1);
     let mut acc = _mm256_setzero_ps();
     for b in 0..blocks {
-        let block = &row[b * 34..b * 34 + 34];
-        let w = _mm256_loadu_si256(block.as_ptr().add(2).cast());
+        let block = &w.blocks[b * 34..b * 34 + 34];
+        let wq = _mm256_loadu_si256(block.as_ptr().add(2).cast());
         let a = _mm256_loadu_si256(act.q.as_ptr().add(b * QK).cast());
         // maddubs wants one unsigned operand: |w| . (a with w's sign).
-        let products = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+        let products = _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(a, wq));
         let sums = _mm256_madd_epi16(products, ones);
-        let scale = _mm256_set1_ps(half(block, 0) * act.d[b]);
+        let scale = _mm256_set1_ps(w.d[b] * act.d[b]);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc);
     }
     hsum(acc)

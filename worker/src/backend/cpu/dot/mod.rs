@@ -40,8 +40,18 @@ impl Isa {
     }
 }
 
+/// One weight row: its ggml blocks, and each block's scale (and Q4_1 offset) converted from
+/// f16 once at load, so the inner loop does not convert.
+#[derive(Debug, Clone, Copy)]
+pub struct QuantRow<'a> {
+    pub blocks: &'a [u8],
+    pub d: &'a [f32],
+    /// Q4_1 only; empty otherwise.
+    pub m: &'a [f32],
+}
+
 /// `weights · activation` for one row (a whole number of 32-weight blocks).
-pub fn dot(isa: Isa, kind: WeightType, row: &[u8], act: &Q8Row) -> f32 {
+pub fn dot(isa: Isa, kind: WeightType, row: QuantRow<'_>, act: &Q8Row) -> f32 {
     match (isa, kind) {
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx2, WeightType::Q4_1) => avx2::q4_1_q8_1(row, act),
@@ -97,6 +107,8 @@ mod tests {
             let deq_act: Vec<f32> = (0..blocks * QK).map(|i| f32::from(act.q[i]) * act.d[i / QK]).collect();
             for kind in [WeightType::Q4_1, WeightType::Q8_0, WeightType::Q4_0] {
                 let row = random_row(kind, blocks, seed);
+                let (d, m) = super::super::weights::block_scales(kind, &row);
+                let qrow = QuantRow { blocks: &row, d: &d, m: &m };
                 let mut w = vec![0f32; blocks * QK];
                 dequantize_row(kind, &row, &mut w);
                 let mut reference: f64 = w.iter().zip(&deq_act).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum();
@@ -108,7 +120,7 @@ mod tests {
                     reference += stored_offset - exact_offset;
                 }
                 for isa in [Isa::Portable, Isa::detect()] {
-                    let got = f64::from(dot(isa, kind, &row, &act));
+                    let got = f64::from(dot(isa, kind, qrow, &act));
                     prop_assert!((got - reference).abs() <= 1e-3 * (1.0 + reference.abs()), "{kind:?} {isa:?}: {got} vs {reference}");
                 }
             }

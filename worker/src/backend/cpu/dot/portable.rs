@@ -1,15 +1,11 @@
 //! Plain Rust dot products (any CPU).
 
 use super::super::quant::{Q8Row, QK};
-use half::f16;
+use super::QuantRow;
 
-fn half(bytes: &[u8], at: usize) -> f32 {
-    f16::from_bits(u16::from_le_bytes([bytes[at], bytes[at + 1]])).to_f32()
-}
-
-pub fn q4_1_q8_1(row: &[u8], act: &Q8Row) -> f32 {
+pub fn q4_1_q8_1(w: QuantRow<'_>, act: &Q8Row) -> f32 {
     let mut sum = 0.0f32;
-    for (b, block) in row.chunks_exact(20).enumerate() {
+    for (b, block) in w.blocks.chunks_exact(20).enumerate() {
         let a = &act.q[b * QK..(b + 1) * QK];
         let mut sumi = 0i32;
         for j in 0..16 {
@@ -17,14 +13,14 @@ pub fn q4_1_q8_1(row: &[u8], act: &Q8Row) -> f32 {
             sumi +=
                 i32::from(q & 0x0F) * i32::from(a[j]) + i32::from(q >> 4) * i32::from(a[j + 16]);
         }
-        sum += half(block, 0) * act.d[b] * sumi as f32 + half(block, 2) * act.s[b];
+        sum += w.d[b] * act.d[b] * sumi as f32 + w.m[b] * act.s[b];
     }
     sum
 }
 
-pub fn q4_0_q8_0(row: &[u8], act: &Q8Row) -> f32 {
+pub fn q4_0_q8_0(w: QuantRow<'_>, act: &Q8Row) -> f32 {
     let mut sum = 0.0f32;
-    for (b, block) in row.chunks_exact(18).enumerate() {
+    for (b, block) in w.blocks.chunks_exact(18).enumerate() {
         let a = &act.q[b * QK..(b + 1) * QK];
         let mut sumi = 0i32;
         for j in 0..16 {
@@ -32,21 +28,21 @@ pub fn q4_0_q8_0(row: &[u8], act: &Q8Row) -> f32 {
             sumi += (i32::from(q & 0x0F) - 8) * i32::from(a[j])
                 + (i32::from(q >> 4) - 8) * i32::from(a[j + 16]);
         }
-        sum += half(block, 0) * act.d[b] * sumi as f32;
+        sum += w.d[b] * act.d[b] * sumi as f32;
     }
     sum
 }
 
-pub fn q8_0_q8_0(row: &[u8], act: &Q8Row) -> f32 {
+pub fn q8_0_q8_0(w: QuantRow<'_>, act: &Q8Row) -> f32 {
     let mut sum = 0.0f32;
-    for (b, block) in row.chunks_exact(34).enumerate() {
+    for (b, block) in w.blocks.chunks_exact(34).enumerate() {
         let a = &act.q[b * QK..(b + 1) * QK];
         let sumi: i32 = block[2..34]
             .iter()
             .zip(a)
-            .map(|(&w, &x)| i32::from(w as i8) * i32::from(x))
+            .map(|(&q, &x)| i32::from(q as i8) * i32::from(x))
             .sum();
-        sum += half(block, 0) * act.d[b] * sumi as f32;
+        sum += w.d[b] * act.d[b] * sumi as f32;
     }
     sum
 }
