@@ -76,3 +76,39 @@ fn token_ids_equal_llama_cpp() {
     }
     assert!(checked >= 40);
 }
+
+#[test]
+fn streaming_detokenisation_never_splits_a_character() {
+    use kvgate_worker::server::detok::TextStream;
+    let m = ModelFile::open(&default_model()).unwrap();
+    let text = "emoji 😀🎉👍🏽, accents café naïve, CJK 日本語のテキスト, and a stop here.";
+    let ids = m.tokenizer.encode(text, false).unwrap();
+    // Byte-level tokens split multi-byte characters: some tokens alone are not valid UTF-8.
+    assert!(ids
+        .iter()
+        .any(|&t| m.tokenizer.decode(&[t], true).unwrap().contains('\u{FFFD}')));
+    let mut stream = TextStream::new(vec![]);
+    let mut out = String::new();
+    for &t in &ids {
+        let piece = stream.push(t, &m.tokenizer);
+        assert!(
+            !piece.contains('\u{FFFD}'),
+            "released a broken character: {piece:?}"
+        );
+        out.push_str(&piece);
+    }
+    out.push_str(&stream.finish());
+    assert_eq!(out, text);
+
+    // A stop string ends the text before it, even when it spans tokens.
+    let mut stopped = TextStream::new(vec!["a stop".into()]);
+    let mut cut = String::new();
+    for &t in &ids {
+        cut.push_str(&stopped.push(t, &m.tokenizer));
+        if stopped.stopped() {
+            break;
+        }
+    }
+    assert!(stopped.stopped());
+    assert_eq!(cut, &text[..text.find("a stop").unwrap()]);
+}

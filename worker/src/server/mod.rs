@@ -1,7 +1,7 @@
 //! The worker's HTTP server (hyper) in front of the engine thread.
 
 pub mod body;
-mod detok;
+pub mod detok;
 mod engine_loop;
 mod events;
 mod generation;
