@@ -19,17 +19,29 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 fn main() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    let threads: usize = std::env::var("KVGATE_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let threads: usize = std::env::var("KVGATE_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
     let model = ModelFile::open(&path).unwrap();
-    let config = CpuConfig { threads, kv_cache_bytes: 256 << 20, block_size: 16 };
+    let config = CpuConfig {
+        threads,
+        kv_cache_bytes: 256 << 20,
+        block_size: 16,
+    };
     let mut engine = Engine::new(
         EngineConfig {
             block_size: 16,
             num_blocks: None,
             max_model_len: 2048,
             prefix_caching: false,
-            scheduler: SchedulerConfig { max_num_batched_tokens: 512, max_num_seqs: 16, ..Default::default() },
+            scheduler: SchedulerConfig {
+                max_num_batched_tokens: 512,
+                max_num_seqs: 16,
+                ..Default::default()
+            },
             hash_seed: HashSeed::new("bench", None, ""),
             eos_token_ids: vec![],
         },
@@ -40,9 +52,23 @@ fn main() {
     let mut id = 0u64;
     let mut rate = |prompt_len: usize, gen: u32| -> f64 {
         id += 1;
-        let prompt = (0..prompt_len).map(|i| 17 + (i as u32 * 7919 + id as u32) % 49_000).collect();
-        let params = SamplingParams { max_tokens: gen, temperature: 0.0, ignore_eos: true, ..Default::default() };
-        engine.add_request(NewRequest { id, prompt, params, priority: 0 }).unwrap();
+        let prompt = (0..prompt_len)
+            .map(|i| 17 + (i as u32 * 7919 + id as u32) % 49_000)
+            .collect();
+        let params = SamplingParams {
+            max_tokens: gen,
+            temperature: 0.0,
+            ignore_eos: true,
+            ..Default::default()
+        };
+        engine
+            .add_request(NewRequest {
+                id,
+                prompt,
+                params,
+                priority: 0,
+            })
+            .unwrap();
         // The prompt step (pp) ends with the first sampled token; generation steps follow.
         let t = Instant::now();
         engine.step().unwrap();

@@ -20,6 +20,10 @@ use kvgate_worker::sched::SchedulerConfig;
 use kvgate_worker::{Engine, EngineConfig, NewRequest, SamplingParams};
 use std::path::PathBuf;
 
+mod common;
+
+use common::default_model;
+
 /// Largest |ours - llama.cpp| over all 49,152 first-step logits allowed (logits span about
 /// -15..30). Both engines quantise activations to 8 bits per 32-value block, keep K/V in f16
 /// and round queries and attention weights to f16, but sum in other orders and use other exp
@@ -30,17 +34,6 @@ const LOGIT_TOLERANCE: f32 = 2.0;
 /// Prompts (of 20) whose first-step top-1 must equal llama.cpp's. Measured today: 18; the
 /// two others are near-ties.
 const TOP1_AGREEMENT: usize = 18;
-
-fn model_path() -> PathBuf {
-    let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/fetch-model",
-        path.display()
-    );
-    path
-}
 
 struct Golden {
     cases: Vec<serde_json::Value>,
@@ -65,7 +58,7 @@ fn golden() -> Golden {
 
 fn backend(model: &ModelFile) -> CpuBackend {
     CpuBackend::load(
-        &model_path(),
+        &default_model(),
         model,
         &CpuConfig {
             threads: 1,
@@ -82,7 +75,7 @@ fn ids(case: &serde_json::Value) -> Vec<u32> {
 
 #[test]
 fn prompts_tokenize_and_render_as_llama_cpp_does() {
-    let model = ModelFile::open(&model_path()).unwrap();
+    let model = ModelFile::open(&default_model()).unwrap();
     for case in golden().cases {
         let text = case["text"].as_str().unwrap();
         let rendered = if case["kind"] == "chat" {
@@ -105,7 +98,7 @@ fn prompts_tokenize_and_render_as_llama_cpp_does() {
 
 #[test]
 fn first_step_logits_match_llama_cpp() {
-    let model = ModelFile::open(&model_path()).unwrap();
+    let model = ModelFile::open(&default_model()).unwrap();
     let mut cpu = backend(&model);
     let g = golden();
     let vocab = model.params.vocab_size;
@@ -189,7 +182,7 @@ fn run(e: &mut Engine<CpuBackend>) -> std::collections::HashMap<u64, Vec<u32>> {
 
 #[test]
 fn a_prompt_gives_the_same_greedy_output_alone_or_among_16_others() {
-    let model = ModelFile::open(&model_path()).unwrap();
+    let model = ModelFile::open(&default_model()).unwrap();
     let g = golden();
     let mut batch = engine(&model);
     for (n, case) in g.cases.iter().take(17).enumerate() {

@@ -3,19 +3,9 @@
 
 use kvgate_worker::model::template::TemplateMessage;
 use kvgate_worker::model::ModelFile;
-use std::path::PathBuf;
+mod common;
 
-/// The default model, fetched by `scripts/fetch-model` (the test command runs it).
-pub fn default_model() -> PathBuf {
-    let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/fetch-model",
-        path.display()
-    );
-    path
-}
+use common::default_model;
 
 #[test]
 fn hyperparameters_match_smollm2() {

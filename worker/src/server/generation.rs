@@ -173,8 +173,8 @@ fn encode(model: &ModelFile, text: &str) -> Result<Vec<u32>, ApiError> {
 /// What a token turned into.
 pub enum Piece {
     Text(String),
-    /// The request ended; `aborted_by_stop` when a stop string ended it (the engine must be
-    /// told to stop).
+    /// The request ended; `stop_string` when a stop string ended it (the engine must then be
+    /// told to stop, since it did not end the request itself).
     Finished {
         reason: &'static str,
         usage: Usage,
