@@ -85,11 +85,10 @@ fn model_file(edit: impl Fn(&str, &mut Vec<u64>, &mut u32)) -> Vec<u8> {
 }
 
 fn load(bytes: &[u8]) -> Result<Weights, WeightError> {
-    let path = std::env::temp_dir().join(format!(
-        "kvgate-weights-{}-{}.gguf",
-        std::process::id(),
-        bytes.len()
-    ));
+    // Tests run in parallel: every file gets its own name.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!("kvgate-weights-{}-{n}.gguf", std::process::id()));
     std::fs::write(&path, bytes).unwrap();
     let gguf = Gguf::open(&path).unwrap();
     let params = LlamaParams::from_gguf(&gguf).unwrap();
