@@ -1,7 +1,9 @@
 """Records llama.cpp's first-step logits and 32-token greedy continuations for 20 prompts on
 the default GGUF, as golden data for the CPU backend test (tests/cpu_backend.rs).
 
-Oracle: llama-cpp-python 0.3.36 (bench/peers/install-llama builds it, ~15 minutes).
+Oracle: llama-cpp-python 0.3.36 (bench/peers/install-llama installs it, ~15 minutes).
+Rerun the live comparison: bench/peers/install-llama, then this script into a scratch
+directory, then point the test at it (or replace the committed files and run the test).
 Usage: python record_logits.py MODEL.gguf OUT_DIR
 Writes OUT_DIR/reference.json (prompts, token ids, top-1, greedy continuations) and
 OUT_DIR/logits.f16 (each prompt's last-position logits, little-endian f16, in order).

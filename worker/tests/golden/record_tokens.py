@@ -1,6 +1,6 @@
 """Records llama.cpp's token ids for varied strings, as golden data for the tokenizer test.
 
-Oracle: llama-cpp-python 0.3.36 (bench/peers/install-llama builds it, ~15 minutes).
+Oracle: llama-cpp-python 0.3.36 (bench/peers/install-llama installs it, ~15 minutes).
 Usage: python record_tokens.py MODEL.gguf > tokens.json
 Each case is tokenized twice: with special-token parsing (ChatML markers become their ids)
 and without (they are plain text), never adding BOS.
