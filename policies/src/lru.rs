@@ -70,7 +70,7 @@ impl LruSet {
         Some(old)
     }
 
-    /// Every key, least recently used first (drained on membership change).
+    /// Every key, in no particular order (to forget a replica's entries).
     pub fn keys(&self) -> impl Iterator<Item = u64> + '_ {
         self.map.keys().copied()
     }
