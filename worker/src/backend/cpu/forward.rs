@@ -25,8 +25,27 @@ struct Scratch {
     scores: Vec<f32>,
     rope: Vec<(f32, f32)>,
     positions: Vec<usize>,
+    offsets: Vec<usize>,
     /// (slice index, token row) of the tokens whose logits are needed.
     sample_rows: Vec<(usize, usize)>,
+    logits: Vec<f32>,
+}
+
+/// The logits of one step: for the `j`-th sampling slice, `slice(j)`.
+pub struct Logits<'a> {
+    slices: &'a [(usize, usize)],
+    values: &'a [f32],
+    vocab: usize,
+}
+
+impl Logits<'_> {
+    /// (index of the slice in the batch, its logits) for every slice that samples.
+    pub fn iter(&self) -> impl Iterator<Item = (usize, &[f32])> + '_ {
+        self.slices
+            .iter()
+            .zip(self.values.chunks_exact(self.vocab))
+            .map(|(&(i, _), l)| (i, l))
+    }
 }
 
 pub struct Forward {
@@ -79,8 +98,9 @@ impl Forward {
         self.isa
     }
 
-    /// Runs the batch; returns, for each slice that samples, its index and its logits.
-    pub fn run(&mut self, batch: &[BatchSlice<'_>]) -> Vec<(usize, Vec<f32>)> {
+    /// Runs the batch; returns the logits of the slices that sample (in buffers reused by the
+    /// next step).
+    pub fn run(&mut self, batch: &[BatchSlice<'_>]) -> Logits<'_> {
         let p = self.weights.params.clone();
         let (h, hd) = (p.hidden, p.head_dim);
         let (q_dim, kv_dim) = (p.heads * hd, p.kv_heads * hd);
@@ -174,22 +194,25 @@ impl Forward {
             let att = grow(&mut s.att, tokens * q_dim);
             let (kc, vc) = self.kv.layer(l);
             let scale = 1.0 / (hd as f32).sqrt();
+            // llama.cpp multiplies f16 K by the query converted to f16.
+            for v in q.iter_mut() {
+                *v = half::f16::from_f32(*v).to_f32();
+            }
             let mut t = 0;
             for slice in batch {
+                // Cache offsets of the positions attended so far, grown one per token.
+                s.offsets.clear();
+                s.offsets
+                    .extend((0..slice.start).filter_map(|j| self.kv.offset(slice.block_table, j)));
                 for pos in slice.start..slice.start + slice.len {
-                    let offsets: Vec<usize> = (0..=pos)
-                        .filter_map(|j| self.kv.offset(slice.block_table, j))
-                        .collect();
+                    s.offsets.extend(self.kv.offset(slice.block_table, pos));
+                    let offsets = &s.offsets;
                     let scores = grow(&mut s.scores, offsets.len());
                     for head in 0..p.heads {
                         let kv_head = (head / group) * hd;
-                        // llama.cpp multiplies f16 K by the query converted to f16.
-                        let qh: Vec<f32> = q[t * q_dim + head * hd..t * q_dim + (head + 1) * hd]
-                            .iter()
-                            .map(|v| half::f16::from_f32(*v).to_f32())
-                            .collect();
+                        let qh = &q[t * q_dim + head * hd..t * q_dim + (head + 1) * hd];
                         let mut max = f32::NEG_INFINITY;
-                        for (sc, &off) in scores.iter_mut().zip(&offsets) {
+                        for (sc, &off) in scores.iter_mut().zip(offsets) {
                             let kh = &kc[off + kv_head..off + kv_head + hd];
                             *sc = qh.iter().zip(kh).map(|(a, b)| a * b).sum::<f32>() * scale;
                             max = max.max(*sc);
@@ -202,7 +225,7 @@ impl Forward {
                         let inv = (1.0 / sum) as f32;
                         let out = &mut att[t * q_dim + head * hd..t * q_dim + (head + 1) * hd];
                         out.fill(0.0);
-                        for (&w, &off) in scores.iter().zip(&offsets) {
+                        for (&w, &off) in scores.iter().zip(offsets) {
                             let vh = &vc[off + kv_head..off + kv_head + hd];
                             // ... and f16 V by the attention weights converted to f16.
                             let w = half::f16::from_f32(w * inv).to_f32();
@@ -254,7 +277,7 @@ impl Forward {
 
         // Final norm and the output head, only where a token is sampled.
         let n = s.sample_rows.len();
-        let mut normed = vec![0f32; n * h];
+        let normed = grow(&mut s.xb, n * h);
         for (j, &(_, t)) in s.sample_rows.iter().enumerate() {
             rms_norm(
                 &s.x[t * h..(t + 1) * h],
@@ -265,12 +288,12 @@ impl Forward {
             s.acts[j].quantize(&normed[j * h..(j + 1) * h]);
         }
         let head = self.weights.head();
-        let mut logits = vec![0f32; n * head.rows];
-        mm.run(head, &s.acts, &normed, n, &mut logits, &mut s.matmul);
-        s.sample_rows
-            .iter()
-            .enumerate()
-            .map(|(j, &(i, _))| (i, logits[j * head.rows..(j + 1) * head.rows].to_vec()))
-            .collect()
+        let logits = grow(&mut s.logits, n * head.rows);
+        mm.run(head, &s.acts, normed, n, logits, &mut s.matmul);
+        Logits {
+            slices: &s.sample_rows,
+            values: logits,
+            vocab: head.rows,
+        }
     }
 }

@@ -72,7 +72,11 @@ impl CpuBackend {
 
     /// Runs a batch and returns the logits of the slices that sample (for tests and tools).
     pub fn logits(&mut self, batch: &[BatchSlice<'_>]) -> Vec<(usize, Vec<f32>)> {
-        self.forward.run(batch)
+        self.forward
+            .run(batch)
+            .iter()
+            .map(|(i, l)| (i, l.to_vec()))
+            .collect()
     }
 }
 
@@ -81,7 +85,7 @@ impl Backend for CpuBackend {
         let sampled = self
             .forward
             .run(batch)
-            .into_iter()
+            .iter()
             .map(|(i, logits)| {
                 let s = &batch[i];
                 // Without a seed, the request id seeds the draws (different per request).
@@ -89,7 +93,7 @@ impl Backend for CpuBackend {
                     .params
                     .seed
                     .unwrap_or(s.id.wrapping_mul(0x2545_F491_4F6C_DD1D));
-                (s.id, sample(&logits, s.params, seed, s.num_output_tokens))
+                (s.id, sample(logits, s.params, seed, s.num_output_tokens))
             })
             .collect();
         Ok(BatchOutput {
