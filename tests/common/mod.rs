@@ -64,6 +64,15 @@ fn spawn(mut cmd: Command, name: &str) -> Proc {
     }
 }
 
+/// Starts `kvgate ARGS EXTRA` and waits until its `/health` on `port` answers.
+async fn start_server(args: &[&str], extra: &[&str], name: &str, port: u16) -> Proc {
+    let mut cmd = kvgate();
+    cmd.args(args).args(extra);
+    let proc = spawn(cmd, name);
+    wait_ok(&format!("http://127.0.0.1:{port}/health")).await;
+    proc
+}
+
 /// A test worker on a free port.
 pub struct Worker {
     pub proc: Proc,
@@ -76,17 +85,14 @@ impl Worker {
     }
 
     pub async fn start_on(port: u16, extra: &[&str]) -> Worker {
-        let mut cmd = kvgate();
-        cmd.args([
+        let args = [
             "fault-worker",
             "--port",
             &port.to_string(),
             "--id",
             &format!("w{port}"),
-        ])
-        .args(extra);
-        let proc = spawn(cmd, &format!("worker-{port}"));
-        wait_ok(&format!("http://127.0.0.1:{port}/health")).await;
+        ];
+        let proc = start_server(&args, extra, &format!("worker-{port}"), port).await;
         Worker { proc, port }
     }
 
@@ -133,8 +139,7 @@ pub struct SimWorker {
 impl SimWorker {
     pub async fn start(extra: &[&str]) -> SimWorker {
         let port = free_port();
-        let mut cmd = kvgate();
-        cmd.args([
+        let args = [
             "worker",
             "--backend",
             "sim",
@@ -142,10 +147,8 @@ impl SimWorker {
             &port.to_string(),
             "--served-model-name",
             MODEL,
-        ])
-        .args(extra);
-        let proc = spawn(cmd, &format!("sim-{port}"));
-        wait_ok(&format!("http://127.0.0.1:{port}/health")).await;
+        ];
+        let proc = start_server(&args, extra, &format!("sim-{port}"), port).await;
         SimWorker { proc, port }
     }
 
