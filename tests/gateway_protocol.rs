@@ -82,14 +82,7 @@ async fn request_ids_models_and_explain() {
         .unwrap();
     assert_eq!(resp.headers()["x-request-id"].len(), 24, "a generated id");
 
-    let models: serde_json::Value = client
-        .get(format!("{}/v1/models", gw.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let models = get_json(&format!("{}/v1/models", gw.url())).await;
     let mut ids: Vec<&str> = models["data"]
         .as_array()
         .unwrap()

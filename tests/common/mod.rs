@@ -119,14 +119,7 @@ impl Worker {
     }
 
     pub async fn stats(&self) -> serde_json::Value {
-        client()
-            .get(format!("{}/stats", self.url()))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        get_json(&format!("{}/stats", self.url())).await
     }
 }
 
@@ -157,14 +150,7 @@ impl SimWorker {
     }
 
     pub async fn get(&self, path: &str) -> serde_json::Value {
-        client()
-            .get(format!("{}{path}", self.url()))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        get_json(&format!("{}{path}", self.url())).await
     }
 }
 
@@ -247,14 +233,7 @@ impl Gateway {
     }
 
     pub async fn replicas(&self) -> Vec<serde_json::Value> {
-        let v: serde_json::Value = client()
-            .get(format!("{}/admin/replicas", self.admin()))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v = get_json(&format!("{}/admin/replicas", self.admin())).await;
         v["replicas"].as_array().unwrap().clone()
     }
 
@@ -290,6 +269,18 @@ pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(20))
         .build()
+        .unwrap()
+}
+
+/// GET `url` and parse its JSON body.
+pub async fn get_json(url: &str) -> serde_json::Value {
+    client()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
         .unwrap()
 }
 

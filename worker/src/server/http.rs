@@ -98,6 +98,14 @@ impl AbortOnDrop {
     fn disarm(&mut self) {
         self.armed = false;
     }
+
+    /// The response is complete. A stop string ended it on this side only, so the engine
+    /// must still be told (the guard stays armed); otherwise the engine ended it.
+    fn finished(&mut self, by_stop_string: bool) {
+        if !by_stop_string {
+            self.disarm();
+        }
+    }
 }
 
 impl Drop for AbortOnDrop {
@@ -181,9 +189,7 @@ async fn generate(ctx: Arc<Context>, req: Request<Incoming>, endpoint: Endpoint)
                         usage,
                         stop_string,
                     } => {
-                        if !stop_string {
-                            guard.disarm();
-                        }
+                        guard.finished(stop_string);
                         let body = generation.response(text, reason, usage);
                         return with_type(Response::new(full(body)), "application/json");
                     }
@@ -209,9 +215,7 @@ async fn generate(ctx: Arc<Context>, req: Request<Incoming>, endpoint: Endpoint)
                         usage,
                         stop_string,
                     } => {
-                        if !stop_string {
-                            guard.disarm();
-                        }
+                        guard.finished(stop_string);
                         let _ = send(generation.finish_events(reason, usage)).await;
                         return;
                     }
