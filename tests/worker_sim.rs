@@ -348,3 +348,112 @@ async fn the_gateway_routes_shared_prefixes_to_the_sim_worker_that_caches_them()
         }
     }
 }
+
+/// Logprobs in both layouts, streamed and not; the sim backend's distribution is a point mass
+/// on the token it emits, so each token has logprob 0 and is its own only top entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_in_chat_and_completion_layouts() {
+    let w = SimWorker::start(&["--time-scale", "0.01"]).await;
+    let mut body = chat("tell me", false);
+    body["max_tokens"] = 5.into();
+    body["logprobs"] = true.into();
+    body["top_logprobs"] = 2.into();
+    let (s, r) = post(&w.url(), "/v1/chat/completions", &body).await;
+    assert_eq!(s, 200, "{r}");
+    let content = r["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len(), 5, "{r}");
+    for e in content {
+        assert_eq!(e["logprob"], 0.0);
+        assert_eq!(e["top_logprobs"].as_array().unwrap().len(), 1);
+        assert_eq!(e["top_logprobs"][0]["token"], e["token"]);
+        let bytes: Vec<u8> = serde_json::from_value(e["bytes"].clone()).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&bytes),
+            e["token"].as_str().unwrap()
+        );
+    }
+
+    // Streamed: every token's entry arrives once, with the chunks.
+    body["stream"] = true.into();
+    let raw = client()
+        .post(format!("{}/v1/chat/completions", w.url()))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let entries: usize = raw
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|c| {
+            c["choices"][0]["logprobs"]["content"]
+                .as_array()
+                .map(Vec::len)
+        })
+        .sum();
+    assert_eq!(entries, 5, "{raw}");
+
+    let mut completion = tokens_prompt(&[500; 8], 4, false);
+    completion["logprobs"] = 0.into();
+    let (s, r) = post(&w.url(), "/v1/completions", &completion).await;
+    assert_eq!(s, 200, "{r}");
+    let lp = &r["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), 4, "{r}");
+    assert_eq!(
+        lp["token_logprobs"],
+        serde_json::json!([0.0, 0.0, 0.0, 0.0])
+    );
+    assert_eq!(lp["text_offset"][0], 0);
+    assert!(lp["top_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|m| m.as_object().unwrap().is_empty()));
+
+    // Bad requests name the field.
+    for (path, patch, param) in [
+        (
+            "/v1/completions",
+            serde_json::json!({"logprobs": 21}),
+            "logprobs",
+        ),
+        (
+            "/v1/completions",
+            serde_json::json!({"logprobs": true}),
+            "logprobs",
+        ),
+        (
+            "/v1/chat/completions",
+            serde_json::json!({"logprobs": 3}),
+            "logprobs",
+        ),
+        (
+            "/v1/chat/completions",
+            serde_json::json!({"top_logprobs": 3}),
+            "top_logprobs",
+        ),
+        (
+            "/v1/chat/completions",
+            serde_json::json!({"logprobs": true, "top_logprobs": 50}),
+            "top_logprobs",
+        ),
+    ] {
+        let mut b = if path == "/v1/completions" {
+            tokens_prompt(&[500; 8], 2, false)
+        } else {
+            chat("hi", false)
+        };
+        for (k, v) in patch.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let (s, e) = post(&w.url(), path, &b).await;
+        assert_eq!(
+            (s, e["error"]["param"].as_str()),
+            (400, Some(param)),
+            "{patch}: {e}"
+        );
+    }
+}

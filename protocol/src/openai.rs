@@ -45,6 +45,9 @@ pub struct GenerationRequest {
     pub top_logprobs: Option<u32>,
 }
 
+/// The most top log-probabilities a request may ask for per token (vLLM's default limit).
+pub const MAX_LOGPROBS: u32 = 20;
+
 /// Which OpenAI endpoint a request came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -78,6 +81,7 @@ impl GenerationRequest {
         if self.model.trim().is_empty() {
             return invalid("`model` must not be empty", "model");
         }
+        self.requested_logprobs(endpoint)?;
         match endpoint {
             Endpoint::Chat => match &self.messages {
                 None => invalid("missing field `messages`", "messages"),
@@ -96,6 +100,56 @@ impl GenerationRequest {
     /// The output limit: `max_completion_tokens` (newer name) wins over `max_tokens`.
     pub fn max_output_tokens(&self) -> Option<u32> {
         self.max_completion_tokens.or(self.max_tokens)
+    }
+
+    /// How many top log-probabilities each output token should carry, if the request asks for
+    /// logprobs at all. Chat takes `logprobs: true` with `top_logprobs: N`; completions take
+    /// `logprobs: N`. N is at most [`MAX_LOGPROBS`].
+    pub fn requested_logprobs(&self, endpoint: Endpoint) -> Result<Option<u32>, ApiError> {
+        let invalid = |message: String, param: &str| {
+            Err(ApiError::new(ErrorKind::InvalidRequest, message).with_param(param))
+        };
+        let n = match (endpoint, &self.logprobs) {
+            (_, None | Some(serde_json::Value::Null)) => None,
+            (Endpoint::Chat, Some(serde_json::Value::Bool(on))) => {
+                on.then(|| self.top_logprobs.unwrap_or(0))
+            }
+            (Endpoint::Chat, Some(_)) => {
+                return invalid(
+                    "`logprobs` must be a boolean for chat completions".into(),
+                    "logprobs",
+                )
+            }
+            (Endpoint::Completions, Some(v)) => match v.as_u64() {
+                Some(n) => Some(u32::try_from(n).unwrap_or(u32::MAX)),
+                None => {
+                    return invalid(
+                        "`logprobs` must be a non-negative integer for completions".into(),
+                        "logprobs",
+                    )
+                }
+            },
+        };
+        if endpoint == Endpoint::Chat && self.top_logprobs.is_some() && n.is_none() {
+            return invalid(
+                "`top_logprobs` needs `logprobs: true`".into(),
+                "top_logprobs",
+            );
+        }
+        match n {
+            Some(n) if n > MAX_LOGPROBS => {
+                let param = if endpoint == Endpoint::Chat {
+                    "top_logprobs"
+                } else {
+                    "logprobs"
+                };
+                invalid(
+                    format!("at most {MAX_LOGPROBS} log-probabilities per token, asked for {n}"),
+                    param,
+                )
+            }
+            n => Ok(n),
+        }
     }
 
     /// Whether a streamed response should end with a usage chunk.
@@ -217,7 +271,42 @@ pub struct ChatCompletionResponse {
 pub struct ChatChoice {
     pub index: u32,
     pub message: AssistantMessage,
+    #[serde(default)]
+    pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: Option<String>,
+}
+
+/// A chat choice's log-probabilities: one entry per output token.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatLogprobs {
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatTokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    /// The token's UTF-8 bytes (a token may hold part of a character).
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+/// A completion choice's log-probabilities (the legacy layout: parallel lists).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<f32>,
+    /// Per token: the most likely tokens' text and log-probability.
+    pub top_logprobs: Vec<std::collections::BTreeMap<String, f32>>,
+    /// Where each token starts in the choice's text, in bytes.
+    pub text_offset: Vec<usize>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -241,6 +330,8 @@ pub struct ChatCompletionChunk {
 pub struct ChatChunkChoice {
     pub index: u32,
     pub delta: ChatDelta,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: Option<String>,
 }
 
@@ -267,6 +358,8 @@ pub struct CompletionResponse {
 pub struct CompletionChoice {
     pub index: u32,
     pub text: String,
+    #[serde(default)]
+    pub logprobs: Option<CompletionLogprobs>,
     pub finish_reason: Option<String>,
 }
 

@@ -98,6 +98,7 @@ impl Job {
                         role: token.map(|_| "assistant".into()),
                         content: token.map(str::to_string),
                     },
+                    logprobs: None,
                     finish_reason: finish.map(str::to_string),
                 }],
                 usage: None,
@@ -110,6 +111,7 @@ impl Job {
                 choices: vec![CompletionChoice {
                     index: 0,
                     text: token.unwrap_or_default().to_string(),
+                    logprobs: None,
                     finish_reason: finish.map(str::to_string),
                 }],
                 usage: None,
@@ -146,6 +148,7 @@ impl Job {
                         role: "assistant".into(),
                         content: text,
                     },
+                    logprobs: None,
                     finish_reason: Some(self.finish_reason.into()),
                 }],
                 usage: self.usage(),
@@ -158,6 +161,7 @@ impl Job {
                 choices: vec![CompletionChoice {
                     index: 0,
                     text,
+                    logprobs: None,
                     finish_reason: Some(self.finish_reason.into()),
                 }],
                 usage: Some(self.usage()),

@@ -8,6 +8,7 @@ pub mod sim;
 
 use crate::kv::BlockId;
 use crate::request::{RequestId, SamplingParams};
+use crate::sample::TokenLogprobs;
 use std::time::Duration;
 
 /// One request's part of a step.
@@ -26,10 +27,18 @@ pub struct BatchSlice<'a> {
     pub num_output_tokens: usize,
 }
 
+/// A token sampled for a request, with its log-probabilities when the request asks for them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampled {
+    pub id: RequestId,
+    pub token: u32,
+    pub logprobs: Option<TokenLogprobs>,
+}
+
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct BatchOutput {
-    /// (request, token) for every slice that samples.
-    pub sampled: Vec<(RequestId, u32)>,
+    /// One entry for every slice that samples.
+    pub sampled: Vec<Sampled>,
     /// How long the step takes on modelled hardware (the sim backend); `None` when the
     /// backend really computed it.
     pub modelled_duration: Option<Duration>,

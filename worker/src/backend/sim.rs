@@ -1,9 +1,11 @@
 //! The sim backend: no math, only timing. A step's duration comes from a [`Profile`], its
 //! tokens from a hash of the sequence so far, so output is deterministic whatever the batch.
-//! It never samples an end-of-sequence token: `max_tokens` ends generation.
+//! It never samples an end-of-sequence token: `max_tokens` ends generation. Its distribution is
+//! a point mass on that token, so asked for logprobs it reports 0 for it and nothing else.
 
 use super::profile::Profile;
-use super::{Backend, BackendError, BatchOutput, BatchSlice};
+use super::{Backend, BackendError, BatchOutput, BatchSlice, Sampled};
+use crate::sample::TokenLogprobs;
 use std::time::Duration;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -51,7 +53,22 @@ impl Backend for SimBackend {
         let sampled = batch
             .iter()
             .filter(|s| s.samples)
-            .map(|s| (s.id, self.token(s)))
+            .map(|s| {
+                let token = self.token(s);
+                let logprobs = s.params.logprobs.map(|n| TokenLogprobs {
+                    logprob: 0.0,
+                    top: if n > 0 {
+                        vec![(token, 0.0)]
+                    } else {
+                        Vec::new()
+                    },
+                });
+                Sampled {
+                    id: s.id,
+                    token,
+                    logprobs,
+                }
+            })
             .collect();
         Ok(BatchOutput {
             sampled,

@@ -1,9 +1,10 @@
 //! The engine as a step machine: `add_request`, `step`, `abort`. No clock and no I/O here, so
 //! the server drives it in real time and a simulator drives many in virtual time.
 
-use crate::backend::{Backend, BackendError, BatchSlice};
+use crate::backend::{Backend, BackendError, BatchSlice, Sampled};
 use crate::kv::KvManager;
 use crate::request::{FinishReason, Request, RequestId, RequestMap, SamplingParams};
+use crate::sample::TokenLogprobs;
 use crate::sched::{Scheduler, SchedulerConfig, StepPlan};
 use kvgate_protocol::kv_events::KvEvent;
 use kvgate_protocol::HashSeed;
@@ -46,10 +47,11 @@ pub struct NewRequest {
 }
 
 /// A token produced for a request in a step.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TokenOutput {
     pub id: RequestId,
     pub token: u32,
+    pub logprobs: Option<TokenLogprobs>,
     pub finished: Option<FinishReason>,
     pub num_prompt_tokens: usize,
     pub num_cached_tokens: usize,
@@ -214,8 +216,8 @@ impl<B: Backend> Engine<B> {
             }
         }
         let mut tokens = Vec::with_capacity(output.sampled.len());
-        for (id, token) in output.sampled {
-            if let Some(out) = self.append_token(id, token) {
+        for sampled in output.sampled {
+            if let Some(out) = self.append_token(sampled) {
                 tokens.push(out);
             }
         }
@@ -227,7 +229,12 @@ impl<B: Backend> Engine<B> {
         })
     }
 
-    fn append_token(&mut self, id: RequestId, token: u32) -> Option<TokenOutput> {
+    fn append_token(&mut self, sampled: Sampled) -> Option<TokenOutput> {
+        let Sampled {
+            id,
+            token,
+            logprobs,
+        } = sampled;
         let req = self.requests.get_mut(&id)?;
         if req.num_output_tokens() == 0 {
             self.stats.prompt_tokens += req.num_prompt_tokens as u64;
@@ -250,6 +257,7 @@ impl<B: Backend> Engine<B> {
         let out = TokenOutput {
             id,
             token,
+            logprobs,
             finished,
             num_prompt_tokens: req.num_prompt_tokens,
             num_cached_tokens: req.num_cached_tokens.unwrap_or(0),

@@ -162,4 +162,38 @@ impl Tokenizer {
     pub fn token_text(&self, id: u32) -> Option<&str> {
         self.tokens.get(id as usize).map(String::as_str)
     }
+
+    /// The bytes one token stands for (for logprobs): control tokens are their own text,
+    /// others map each byte-level symbol back to its byte.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let Some(text) = self.token_text(id) else {
+            return Vec::new();
+        };
+        if self.is_special(id) {
+            return text.as_bytes().to_vec();
+        }
+        let mut bytes = Vec::with_capacity(text.len());
+        for c in text.chars() {
+            match byte_of_symbol(c) {
+                Some(b) => bytes.push(b),
+                None => bytes.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
+            }
+        }
+        bytes
+    }
+}
+
+/// The inverse of GPT-2's byte-to-symbol table: printable Latin-1 bytes stand for themselves,
+/// the other 68 bytes were moved, in order, to U+0100 and up.
+fn byte_of_symbol(c: char) -> Option<u8> {
+    let printable = |b: u32| matches!(b, 0x21..=0x7E | 0xA1..=0xAC | 0xAE..=0xFF);
+    let code = c as u32;
+    if code < 0x100 {
+        return printable(code).then_some(code as u8);
+    }
+    let moved = code - 0x100;
+    (0u32..0x100)
+        .filter(|&b| !printable(b))
+        .nth(moved as usize)
+        .map(|b| b as u8)
 }

@@ -4,6 +4,43 @@
 
 use crate::request::SamplingParams;
 
+/// The log-probability of the chosen token and of the most likely tokens, under the model's
+/// raw distribution (before temperature, top-k and top-p), as vLLM reports them by default.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    /// The `n` most likely tokens, best first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Log-softmax of `logits` at `token`, and the `n` most likely tokens.
+pub fn logprobs(logits: &[f32], token: u32, n: usize) -> TokenLogprobs {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&v| f64::from(v - max).exp()).sum();
+    let log_norm = f64::from(max) + sum.ln();
+    let logprob_of = |v: f32| (f64::from(v) - log_norm) as f32;
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(n);
+    if n > 0 {
+        let mut ids: Vec<u32> = (0..logits.len() as u32).collect();
+        let n = n.min(ids.len());
+        let by_logit = |a: &u32, b: &u32| {
+            logits[*b as usize]
+                .total_cmp(&logits[*a as usize])
+                .then(a.cmp(b))
+        };
+        if n < ids.len() {
+            ids.select_nth_unstable_by(n - 1, by_logit);
+            ids.truncate(n);
+        }
+        ids.sort_unstable_by(by_logit);
+        top.extend(ids.iter().map(|&i| (i, logprob_of(logits[i as usize]))));
+    }
+    TokenLogprobs {
+        logprob: logprob_of(logits[token as usize]),
+        top,
+    }
+}
+
 /// Below this temperature sampling is greedy.
 const GREEDY_BELOW: f32 = 1e-5;
 
@@ -90,6 +127,23 @@ mod tests {
             top_p,
             ..SamplingParams::default()
         }
+    }
+
+    #[test]
+    fn logprobs_are_a_normalised_log_softmax() {
+        let logits = [1.0f32, 3.0, 2.0, 3.0];
+        let lp = logprobs(&logits, 2, 3);
+        let total: f64 = logits.iter().map(|&v| f64::from(v).exp()).sum();
+        assert!((f64::from(lp.logprob) - (2.0 - total.ln())).abs() < 1e-6);
+        // Ties keep the lower id first; the list is best first and has n entries.
+        let ids: Vec<u32> = lp.top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, vec![1, 3, 2]);
+        let mass: f64 = (0..4)
+            .map(|t| f64::from(logprobs(&logits, t, 0).logprob).exp())
+            .sum();
+        assert!((mass - 1.0).abs() < 1e-6);
+        assert_eq!(logprobs(&logits, 0, 10).top.len(), 4);
+        assert!(logprobs(&logits, 0, 0).top.is_empty());
     }
 
     #[test]

@@ -9,8 +9,9 @@ use crate::model::ModelFile;
 use crate::request::{FinishReason, SamplingParams};
 use kvgate_protocol::openai::{
     sse_event, AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
-    ChatCompletionResponse, ChatDelta, CompletionChoice, CompletionResponse, Endpoint,
-    GenerationRequest, Prompt, Usage, SSE_DONE,
+    ChatCompletionResponse, ChatDelta, ChatLogprobs, ChatTokenLogprob, CompletionChoice,
+    CompletionLogprobs, CompletionResponse, Endpoint, GenerationRequest, Prompt, TopLogprob, Usage,
+    SSE_DONE,
 };
 use kvgate_protocol::{ApiError, ErrorKind};
 use std::time::Instant;
@@ -51,16 +52,7 @@ pub fn prepare(
         )
         .with_param("model"));
     }
-    if r.logprobs
-        .as_ref()
-        .is_some_and(|v| v.as_bool() == Some(true) || v.is_number())
-        || r.top_logprobs.is_some()
-    {
-        return Err(invalid(
-            "logprobs are not supported by this worker yet".into(),
-            "logprobs",
-        ));
-    }
+    let logprobs = r.requested_logprobs(endpoint)?;
     let (prompt, param) = match (endpoint, &r.messages, &r.prompt) {
         (Endpoint::Chat, Some(messages), _) => {
             let template = model.template.as_ref().ok_or_else(|| {
@@ -155,7 +147,7 @@ pub fn prepare(
             seed: r.seed,
             stop_token_ids: Vec::new(),
             ignore_eos: r.ignore_eos,
-            logprobs: None,
+            logprobs,
         },
         stops,
         stream: r.stream,
@@ -189,6 +181,10 @@ pub struct Generation {
     pub model: String,
     pub include_usage: bool,
     text: TextStream,
+    /// Log-probabilities of tokens not yet sent (all of them, until a non-streamed response).
+    logprobs: Vec<ChatTokenLogprob>,
+    /// Bytes of output before the first token in `logprobs` (completions' `text_offset`).
+    logprobs_offset: usize,
     arrived: Instant,
     last_token: Option<Instant>,
     sent_role: bool,
@@ -202,6 +198,8 @@ impl Generation {
             model: prepared.model.clone(),
             include_usage: prepared.include_usage,
             text: TextStream::new(prepared.stops.clone()),
+            logprobs: Vec::new(),
+            logprobs_offset: 0,
             arrived: Instant::now(),
             last_token: None,
             sent_role: false,
@@ -220,6 +218,23 @@ impl Generation {
             Some(last) => Metrics::observe(&metrics.itl, (now - last).as_secs_f64()),
         }
         self.last_token = Some(now);
+        if let Some(lp) = &token.logprobs {
+            let top = |&(id, logprob): &(u32, f32)| {
+                let bytes = model.tokenizer.token_bytes(id);
+                TopLogprob {
+                    token: String::from_utf8_lossy(&bytes).into_owned(),
+                    logprob,
+                    bytes,
+                }
+            };
+            let chosen = top(&(token.token, lp.logprob));
+            self.logprobs.push(ChatTokenLogprob {
+                token: chosen.token,
+                logprob: chosen.logprob,
+                bytes: chosen.bytes,
+                top_logprobs: lp.top.iter().map(top).collect(),
+            });
+        }
         let mut pieces = Vec::new();
         let mut text = self.text.push(token.token, &model.tokenizer);
         let stop_string = self.text.stopped();
@@ -255,12 +270,13 @@ impl Generation {
             Endpoint::Chat => {
                 let role = (!self.sent_role).then(|| "assistant".to_string());
                 self.sent_role = true;
+                let logprobs = self.take_chat_logprobs();
                 serde_json::to_string(&self.chat_chunk(
                     ChatDelta {
                         role,
                         content: Some(text),
                     },
-                    None,
+                    logprobs,
                     None,
                 ))
             }
@@ -269,11 +285,47 @@ impl Generation {
         sse_event(&json.unwrap_or_default())
     }
 
+    /// Log-probabilities of the tokens since the last chunk, in the chat layout.
+    fn take_chat_logprobs(&mut self) -> Option<ChatLogprobs> {
+        if self.logprobs.is_empty() {
+            return None;
+        }
+        Some(ChatLogprobs {
+            content: std::mem::take(&mut self.logprobs),
+        })
+    }
+
+    /// Log-probabilities of the tokens since the last chunk, in the completions layout.
+    fn take_completion_logprobs(&mut self) -> Option<CompletionLogprobs> {
+        if self.logprobs.is_empty() {
+            return None;
+        }
+        let mut out = CompletionLogprobs::default();
+        for t in std::mem::take(&mut self.logprobs) {
+            out.text_offset.push(self.logprobs_offset);
+            self.logprobs_offset += t.bytes.len();
+            out.tokens.push(t.token);
+            out.token_logprobs.push(t.logprob);
+            out.top_logprobs.push(
+                t.top_logprobs
+                    .into_iter()
+                    .map(|x| (x.token, x.logprob))
+                    .collect(),
+            );
+        }
+        Some(out)
+    }
+
     /// The closing events: finish reason, usage if asked, `[DONE]`.
     pub fn finish_events(&mut self, reason: &str, usage: Usage) -> String {
         let finish = match self.endpoint {
             Endpoint::Chat => {
-                serde_json::to_string(&self.chat_chunk(ChatDelta::default(), Some(reason), None))
+                let logprobs = self.take_chat_logprobs();
+                serde_json::to_string(&self.chat_chunk(
+                    ChatDelta::default(),
+                    logprobs,
+                    Some(reason),
+                ))
             }
             Endpoint::Completions => {
                 serde_json::to_string(&self.completion(String::new(), Some(reason), None))
@@ -293,7 +345,7 @@ impl Generation {
     }
 
     /// The whole non-streamed response.
-    pub fn response(&self, text: String, reason: &str, usage: Usage) -> Vec<u8> {
+    pub fn response(&mut self, text: String, reason: &str, usage: Usage) -> Vec<u8> {
         let result = match self.endpoint {
             Endpoint::Chat => serde_json::to_vec(&ChatCompletionResponse {
                 id: self.id.clone(),
@@ -306,6 +358,7 @@ impl Generation {
                         role: "assistant".into(),
                         content: text,
                     },
+                    logprobs: self.take_chat_logprobs(),
                     finish_reason: Some(reason.into()),
                 }],
                 usage,
@@ -320,8 +373,8 @@ impl Generation {
     fn chat_chunk(
         &self,
         delta: ChatDelta,
+        logprobs: Option<ChatLogprobs>,
         finish: Option<&str>,
-        usage: Option<Usage>,
     ) -> ChatCompletionChunk {
         ChatCompletionChunk {
             id: self.id.clone(),
@@ -331,14 +384,15 @@ impl Generation {
             choices: vec![ChatChunkChoice {
                 index: 0,
                 delta,
+                logprobs,
                 finish_reason: finish.map(str::to_string),
             }],
-            usage,
+            usage: None,
         }
     }
 
     fn completion(
-        &self,
+        &mut self,
         text: String,
         finish: Option<&str>,
         usage: Option<Usage>,
@@ -351,6 +405,7 @@ impl Generation {
             choices: vec![CompletionChoice {
                 index: 0,
                 text,
+                logprobs: self.take_completion_logprobs(),
                 finish_reason: finish.map(str::to_string),
             }],
             usage,

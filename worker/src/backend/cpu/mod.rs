@@ -8,9 +8,9 @@ pub mod matmul;
 pub mod quant;
 pub mod weights;
 
-use super::{Backend, BackendError, BatchOutput, BatchSlice};
+use super::{Backend, BackendError, BatchOutput, BatchSlice, Sampled};
 use crate::model::ModelFile;
-use crate::sample::sample;
+use crate::sample::{logprobs, sample};
 use dot::Isa;
 use forward::Forward;
 use kv_cache::KvCache;
@@ -93,7 +93,15 @@ impl Backend for CpuBackend {
                     .params
                     .seed
                     .unwrap_or(s.id.wrapping_mul(0x2545_F491_4F6C_DD1D));
-                (s.id, sample(logits, s.params, seed, s.num_output_tokens))
+                let token = sample(logits, s.params, seed, s.num_output_tokens);
+                Sampled {
+                    id: s.id,
+                    token,
+                    logprobs: s
+                        .params
+                        .logprobs
+                        .map(|n| logprobs(logits, token, n as usize)),
+                }
             })
             .collect();
         Ok(BatchOutput {
