@@ -1,14 +1,14 @@
 //! The CPU backend against llama.cpp on the same GGUF (golden data recorded from
-//! llama-cpp-python 0.3.36 by `tests/golden/record_logits.py`): same prompt ids and rendering,
-//! the same top-1 and close logits at the first step; and a request's greedy output is the
-//! same alone or in a batch.
+//! llama-cpp-python 0.3.36 over llama.cpp built for AVX2, by `tests/golden/record_logits.py`;
+//! `bench/peers/install-llama` builds that oracle): the same prompt ids and rendering, the same
+//! first-step logits bit for bit, the same 32-token greedy continuations; and a request's
+//! greedy output is the same alone or in a batch.
 //!
-//! Not yet asserted: identical 32-token greedy continuations for 18 of 20 prompts (today: 5).
-//! This model amplifies rounding: changing only the float summation order inside the dot
-//! products (portable versus AVX2 kernels, mathematically identical) moves first-step logits
-//! by 0.59 on average, because 8-bit activation quantisation turns tiny differences into flipped
-//! codes, layer after layer. Agreement on continuations therefore needs llama.cpp's arithmetic
-//! reproduced operation by operation (see the issue note).
+//! Why bit for bit: this model amplifies last-bit differences (its residual stream reaches
+//! 2.5e4, and 8-bit activation codes flip), so even two llama.cpp builds disagree — its native
+//! AMX build and its AVX2 build give the same 32 greedy tokens on only 6 of these 20 prompts.
+//! The backend therefore reproduces the AVX2 build's arithmetic operation by operation
+//! (`attention.rs`, `ggml_math.rs`, `dot/`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use kvgate_protocol::HashSeed;
@@ -24,16 +24,9 @@ mod common;
 
 use common::default_model;
 
-/// Largest |ours - llama.cpp| over all 49,152 first-step logits allowed (logits span about
-/// -15..30). Both engines quantise activations to 8 bits per 32-value block, keep K/V in f16
-/// and round queries and attention weights to f16, but sum in other orders and use other exp
-/// approximations; as measured above, summation order alone moves logits by up to 1.4 here.
-/// Measured today: 0.51 to 1.91 per prompt.
-const LOGIT_TOLERANCE: f32 = 2.0;
-
-/// Prompts (of 20) whose first-step top-1 must equal llama.cpp's. Measured today: 18; the
-/// two others are near-ties.
-const TOP1_AGREEMENT: usize = 18;
+/// Prompts (of 20) whose 32-token greedy continuation must equal llama.cpp's (the issue's
+/// bar; measured: 20).
+const GREEDY_AGREEMENT: usize = 18;
 
 struct Golden {
     cases: Vec<serde_json::Value>,
@@ -96,15 +89,16 @@ fn prompts_tokenize_and_render_as_llama_cpp_does() {
     }
 }
 
+/// The golden logits are stored as f16, so "equal" means: ours, rounded to f16 the same way,
+/// give the same bits — which an f32 difference of even one unit in the last place can break
+/// only when it straddles an f16 rounding boundary (then the test reports it).
 #[test]
-fn first_step_logits_match_llama_cpp() {
+fn first_step_logits_equal_llama_cpp() {
     let model = ModelFile::open(&default_model()).unwrap();
     let mut cpu = backend(&model);
     let g = golden();
     let vocab = model.params.vocab_size;
     let params = SamplingParams::default();
-    let mut worst = 0.0f32;
-    let mut agree = 0;
     for (n, case) in g.cases.iter().enumerate() {
         let prompt = ids(case);
         let table: Vec<u32> = (1..=prompt.len().div_ceil(16) as u32).collect();
@@ -120,25 +114,60 @@ fn first_step_logits_match_llama_cpp() {
         };
         let logits = cpu.logits(&[slice]).remove(0).1;
         let reference = &g.logits[n * vocab..(n + 1) * vocab];
+        let differing = logits
+            .iter()
+            .zip(reference)
+            .filter(|(a, b)| half::f16::from_f32(**a).to_f32() != **b)
+            .count();
         let diff = logits
             .iter()
             .zip(reference)
             .map(|(a, b)| (a - b).abs())
             .fold(0.0f32, f32::max);
-        worst = worst.max(diff);
-        let top1 = kvgate_worker::sample::argmax(&logits);
-        if u64::from(top1) == case["top1"].as_u64().unwrap() {
-            agree += 1;
-        }
-        assert!(
-            diff <= LOGIT_TOLERANCE,
-            "case {n}: max |diff| {diff} over {LOGIT_TOLERANCE}"
+        assert_eq!(
+            differing, 0,
+            "case {n}: {differing} of {vocab} logits differ from llama.cpp's (max |diff| {diff})"
         );
+        let top1 = kvgate_worker::sample::argmax(&logits);
+        assert_eq!(u64::from(top1), case["top1"].as_u64().unwrap(), "case {n}");
     }
-    eprintln!("max |logit difference| over 20 prompts: {worst}; top-1 agrees on {agree} of 20");
+}
+
+#[test]
+fn greedy_continuations_equal_llama_cpp() {
+    let model = ModelFile::open(&default_model()).unwrap();
+    let g = golden();
+    // All 20 at once: batching (and chunked prefill) must not change any request's tokens.
+    let mut e = engine(&model);
+    for (n, case) in g.cases.iter().enumerate() {
+        e.add_request(NewRequest {
+            id: n as u64,
+            prompt: ids(case),
+            params: greedy(32),
+            priority: 0,
+        })
+        .unwrap();
+    }
+    let out = run(&mut e);
+    let mut agree = 0;
+    for (n, case) in g.cases.iter().enumerate() {
+        let expected: Vec<u32> = serde_json::from_value(case["greedy"].clone()).unwrap();
+        let ours = out.get(&(n as u64)).cloned().unwrap_or_default();
+        if ours == expected {
+            agree += 1;
+        } else {
+            let same = ours
+                .iter()
+                .zip(&expected)
+                .take_while(|(a, b)| a == b)
+                .count();
+            eprintln!("case {n}: diverges after {same} tokens: {ours:?} vs {expected:?}");
+        }
+    }
+    eprintln!("greedy 32-token continuations equal llama.cpp's on {agree} of 20 prompts");
     assert!(
-        agree >= TOP1_AGREEMENT,
-        "top-1 agrees with llama.cpp on {agree} of 20 prompts"
+        agree >= GREEDY_AGREEMENT,
+        "greedy continuations equal llama.cpp's on {agree} of 20 prompts"
     );
 }
 

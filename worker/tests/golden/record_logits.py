@@ -1,7 +1,8 @@
 """Records llama.cpp's first-step logits and 32-token greedy continuations for 20 prompts on
 the default GGUF, as golden data for the CPU backend test (tests/cpu_backend.rs).
 
-Oracle: llama-cpp-python 0.3.36 (bench/peers/install-llama installs it, ~15 minutes).
+Oracle: llama-cpp-python 0.3.36 over llama.cpp built for AVX2 (bench/peers/install-llama
+builds it, ~15 minutes; the CPU backend reproduces that build's arithmetic).
 Rerun the live comparison: bench/peers/install-llama, then this script into a scratch
 directory, then point the test at it (or replace the committed files and run the test).
 Usage: python record_logits.py MODEL.gguf OUT_DIR
@@ -65,9 +66,10 @@ def main() -> None:
             if tok == llm.token_eos() or len(greedy) == 32:
                 break
             greedy.append(tok)
-        cases.append({"kind": kind, "text": text, "rendered": rendered, "ids": ids, "top1": int(last.argmax()), "greedy": greedy})
+        greedy_text = llm.detokenize(greedy).decode("utf-8", errors="replace")
+        cases.append({"kind": kind, "text": text, "rendered": rendered, "ids": ids, "top1": int(last.argmax()), "greedy": greedy, "greedy_text": greedy_text})
     with open(os.path.join(out_dir, "reference.json"), "w") as f:
-        f.write('{"oracle": "llama-cpp-python 0.3.36", "n_threads": 1, "cases": [\n')
+        f.write('{"oracle": "llama-cpp-python 0.3.36, llama.cpp built with GGML_NATIVE=OFF (AVX2, FMA, F16C)", "n_threads": 1, "cases": [\n')
         f.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in cases))
         f.write("\n]}\n")
     np.concatenate(logits).astype("<f2").tofile(os.path.join(out_dir, "logits.f16"))

@@ -2,7 +2,9 @@
 //! together (so each weight is read once per step); attention reads each request's earlier
 //! K/V through its block table; logits are computed only where the step samples.
 
+use super::attention::{self, HeadInputs, SumOrder};
 use super::dot::Isa;
+use super::ggml_math;
 use super::kv_cache::KvCache;
 use super::matmul::Matmul;
 use super::quant::Q8Row;
@@ -23,6 +25,7 @@ struct Scratch {
     acts: Vec<Q8Row>,
     matmul: Vec<f32>,
     scores: Vec<f32>,
+    lanes: Vec<f32>,
     rope: Vec<(f32, f32)>,
     positions: Vec<usize>,
     offsets: Vec<usize>,
@@ -54,7 +57,8 @@ pub struct Forward {
     isa: Isa,
     pool: Option<rayon::ThreadPool>,
     scratch: Scratch,
-    inv_freq: Vec<f32>,
+    /// Each RoPE pair's angle per position step, as a ratio to the previous pair's.
+    theta_scale: f32,
 }
 
 fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
@@ -64,8 +68,9 @@ fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
     &mut v[..n]
 }
 
+/// llama.cpp's RMSNorm: f32 squares summed in f64, the scale in f32.
 fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let sum: f64 = x.iter().map(|v| f64::from(*v) * f64::from(*v)).sum();
+    let sum: f64 = x.iter().map(|v| f64::from(v * v)).sum();
     let scale = 1.0 / ((sum / x.len() as f64) as f32 + eps).sqrt();
     for ((o, v), g) in out.iter_mut().zip(x).zip(w) {
         *o = v * scale * g;
@@ -81,16 +86,14 @@ impl Forward {
     ) -> Forward {
         let p = &weights.params;
         let hd = p.head_dim;
-        let inv_freq = (0..hd / 2)
-            .map(|i| p.rope_theta.powf(-(2.0 * i as f32) / hd as f32))
-            .collect();
+        let theta_scale = p.rope_theta.powf(-2.0 / hd as f32);
         Forward {
             weights,
             kv,
             isa,
             pool,
             scratch: Scratch::default(),
-            inv_freq,
+            theta_scale,
         }
     }
 
@@ -135,12 +138,12 @@ impl Forward {
         }
         s.rope.clear();
         for &pos in &s.positions {
-            s.rope.extend(
-                self.inv_freq
-                    .iter()
-                    .map(|f| (pos as f32 * f).sin_cos())
-                    .map(|(sin, cos)| (cos, sin)),
-            );
+            // llama.cpp's angle cache: multiplied up pair by pair, not computed by powers.
+            let mut theta = pos as f32;
+            for _ in 0..hd / 2 {
+                s.rope.push((theta.cos(), theta.sin()));
+                theta *= self.theta_scale;
+            }
         }
 
         for (l, layer) in self.weights.layers.iter().enumerate() {
@@ -171,8 +174,9 @@ impl Forward {
                     // Interleaved pairs (x[2i], x[2i+1]): the GGUF row layout (see weights.rs).
                     for (pair, &(cos, sin)) in head.chunks_exact_mut(2).zip(angles) {
                         let (a, b) = (pair[0], pair[1]);
-                        pair[0] = a * cos - b * sin;
-                        pair[1] = a * sin + b * cos;
+                        // Fused as GCC compiles llama.cpp's `x0*cos - x1*sin` and `x0*sin + x1*cos`.
+                        pair[0] = a.mul_add(cos, -(b * sin));
+                        pair[1] = a.mul_add(sin, b * cos);
                     }
                 }
             }
@@ -200,39 +204,33 @@ impl Forward {
             }
             let mut t = 0;
             for slice in batch {
+                let order = SumOrder::for_slice(slice);
                 // Cache offsets of the positions attended so far, grown one per token.
                 s.offsets.clear();
                 s.offsets
                     .extend((0..slice.start).filter_map(|j| self.kv.offset(slice.block_table, j)));
                 for pos in slice.start..slice.start + slice.len {
                     s.offsets.extend(self.kv.offset(slice.block_table, pos));
-                    let offsets = &s.offsets;
-                    let scores = grow(&mut s.scores, offsets.len());
+                    let scores = grow(&mut s.scores, s.offsets.len());
+                    let lanes = grow(&mut s.lanes, attention::lanes_len(hd));
                     for head in 0..p.heads {
-                        let kv_head = (head / group) * hd;
-                        let qh = &q[t * q_dim + head * hd..t * q_dim + (head + 1) * hd];
-                        let mut max = f32::NEG_INFINITY;
-                        for (sc, &off) in scores.iter_mut().zip(offsets) {
-                            let kh = &kc[off + kv_head..off + kv_head + hd];
-                            *sc = qh.iter().zip(kh).map(|(a, b)| a * b).sum::<f32>() * scale;
-                            max = max.max(*sc);
-                        }
-                        let mut sum = 0.0f64;
-                        for sc in scores.iter_mut() {
-                            *sc = (*sc - max).exp();
-                            sum += f64::from(*sc);
-                        }
-                        let inv = (1.0 / sum) as f32;
-                        let out = &mut att[t * q_dim + head * hd..t * q_dim + (head + 1) * hd];
-                        out.fill(0.0);
-                        for (&w, &off) in scores.iter().zip(offsets) {
-                            let vh = &vc[off + kv_head..off + kv_head + hd];
-                            // ... and f16 V by the attention weights converted to f16.
-                            let w = half::f16::from_f32(w * inv).to_f32();
-                            for (o, val) in out.iter_mut().zip(vh) {
-                                *o += w * val;
-                            }
-                        }
+                        let inputs = HeadInputs {
+                            k_cache: kc,
+                            v_cache: vc,
+                            offsets: &s.offsets,
+                            kv_head: (head / group) * hd,
+                            scale,
+                            order,
+                        };
+                        let at = t * q_dim + head * hd;
+                        attention::attend(
+                            self.isa,
+                            &inputs,
+                            &q[at..at + hd],
+                            scores,
+                            lanes,
+                            &mut att[at..at + hd],
+                        );
                     }
                     t += 1;
                 }
@@ -262,9 +260,7 @@ impl Forward {
             mm.run(&layer.w_gate, &s.acts, xb, tokens, gate, &mut s.matmul);
             let up = grow(&mut s.up, tokens * p.ffn);
             mm.run(&layer.w_up, &s.acts, xb, tokens, up, &mut s.matmul);
-            for (g, u) in gate.iter_mut().zip(up.iter()) {
-                *g = *g / (1.0 + (-*g).exp()) * u;
-            }
+            ggml_math::swiglu(self.isa, gate, up);
             for t in 0..tokens {
                 s.acts[t].quantize(&gate[t * p.ffn..(t + 1) * p.ffn]);
             }

@@ -1,8 +1,10 @@
 //! The CPU backend: SmolLM2 (Llama family) from GGUF with quantised kernels, behind the
 //! engine's `Backend` trait.
 
+pub mod attention;
 pub mod dot;
 pub mod forward;
+pub mod ggml_math;
 pub mod kv_cache;
 pub mod matmul;
 pub mod quant;

@@ -130,11 +130,12 @@ impl Q8Row {
         for b in 0..blocks {
             let xs = &x[b * QK..(b + 1) * QK];
             let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            // As ggml's AVX2 quantize_row_q8_0/q8_1: 127/amax, ties to even.
             let d = amax / 127.0;
-            let id = if amax == 0.0 { 0.0 } else { 1.0 / d };
+            let id = if amax == 0.0 { 0.0 } else { 127.0 / amax };
             let mut sum = 0i32;
             for (q, &v) in self.q[b * QK..(b + 1) * QK].iter_mut().zip(xs) {
-                let r = (v * id).round() as i32;
+                let r = (v * id).round_ties_even() as i32;
                 *q = r.clamp(-127, 127) as i8;
                 sum += i32::from(*q);
             }

@@ -45,7 +45,8 @@ unsafe fn q4_1_q8_1_impl(w: QuantRow<'_>, act: &Q8Row, blocks: usize) -> f32 {
         let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, a), ones);
         let scale = _mm256_set1_ps(w.d[b] * act.d[b]);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc);
-        offsets += w.m[b] * act.s[b];
+        // GCC contracts ggml's `summs += m * s` into one fused multiply-add.
+        offsets = w.m[b].mul_add(act.s[b], offsets);
     }
     hsum(acc) + offsets
 }

@@ -1,48 +1,86 @@
-//! Plain Rust dot products (any CPU).
+//! Plain Rust dot products (any CPU), bit-identical to the AVX2 kernels and to llama.cpp's
+//! AVX2 build: per block, 8 lanes of 4 integer products each (integer sums are exact in any
+//! order), scaled into 8 float accumulators with fused multiply-adds, then summed in
+//! `hsum_float_8`'s order.
 
 use super::super::quant::{Q8Row, QK};
 use super::QuantRow;
 
-pub fn q4_1_q8_1(w: QuantRow<'_>, act: &Q8Row) -> f32 {
-    let mut sum = 0.0f32;
-    for (b, block) in w.blocks.chunks_exact(20).enumerate() {
-        let a = &act.q[b * QK..(b + 1) * QK];
-        let mut sumi = 0i32;
-        for j in 0..16 {
-            let q = block[4 + j];
-            sumi +=
-                i32::from(q & 0x0F) * i32::from(a[j]) + i32::from(q >> 4) * i32::from(a[j + 16]);
-        }
-        sum += w.d[b] * act.d[b] * sumi as f32 + w.m[b] * act.s[b];
+/// Accumulates one block: lane k gets `scale * Σ_{j in 4k..4k+4} w[j] * a[j]`.
+fn accumulate(acc: &mut [f32; 8], w: impl Fn(usize) -> i32, a: &[i8], scale: f32) {
+    for (k, lane) in acc.iter_mut().enumerate() {
+        let sum: i32 = (4 * k..4 * k + 4).map(|j| w(j) * i32::from(a[j])).sum();
+        *lane = (sum as f32).mul_add(scale, *lane);
     }
-    sum
+}
+
+/// ggml's `hsum_float_8`: halves, then pairs, then the last two.
+fn hsum(acc: &[f32; 8]) -> f32 {
+    let h = [
+        acc[0] + acc[4],
+        acc[1] + acc[5],
+        acc[2] + acc[6],
+        acc[3] + acc[7],
+    ];
+    (h[0] + h[2]) + (h[1] + h[3])
+}
+
+pub fn q4_1_q8_1(w: QuantRow<'_>, act: &Q8Row) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut offsets = 0.0f32;
+    for (b, block) in w.blocks.chunks_exact(20).enumerate() {
+        let qs = &block[4..20];
+        // Weight j < 16 is the low nibble of byte j, weight j >= 16 the high nibble of j - 16.
+        let nibble = |j: usize| {
+            i32::from(if j < 16 {
+                qs[j] & 0x0F
+            } else {
+                qs[j - 16] >> 4
+            })
+        };
+        accumulate(
+            &mut acc,
+            nibble,
+            &act.q[b * QK..(b + 1) * QK],
+            w.d[b] * act.d[b],
+        );
+        offsets = w.m[b].mul_add(act.s[b], offsets);
+    }
+    hsum(&acc) + offsets
 }
 
 pub fn q4_0_q8_0(w: QuantRow<'_>, act: &Q8Row) -> f32 {
-    let mut sum = 0.0f32;
+    let mut acc = [0.0f32; 8];
     for (b, block) in w.blocks.chunks_exact(18).enumerate() {
-        let a = &act.q[b * QK..(b + 1) * QK];
-        let mut sumi = 0i32;
-        for j in 0..16 {
-            let q = block[2 + j];
-            sumi += (i32::from(q & 0x0F) - 8) * i32::from(a[j])
-                + (i32::from(q >> 4) - 8) * i32::from(a[j + 16]);
-        }
-        sum += w.d[b] * act.d[b] * sumi as f32;
+        let qs = &block[2..18];
+        let nibble = |j: usize| {
+            i32::from(if j < 16 {
+                qs[j] & 0x0F
+            } else {
+                qs[j - 16] >> 4
+            }) - 8
+        };
+        accumulate(
+            &mut acc,
+            nibble,
+            &act.q[b * QK..(b + 1) * QK],
+            w.d[b] * act.d[b],
+        );
     }
-    sum
+    hsum(&acc)
 }
 
 pub fn q8_0_q8_0(w: QuantRow<'_>, act: &Q8Row) -> f32 {
-    let mut sum = 0.0f32;
+    let mut acc = [0.0f32; 8];
     for (b, block) in w.blocks.chunks_exact(34).enumerate() {
-        let a = &act.q[b * QK..(b + 1) * QK];
-        let sumi: i32 = block[2..34]
-            .iter()
-            .zip(a)
-            .map(|(&q, &x)| i32::from(q as i8) * i32::from(x))
-            .sum();
-        sum += w.d[b] * act.d[b] * sumi as f32;
+        let qs = &block[2..34];
+        let byte = |j: usize| i32::from(qs[j] as i8);
+        accumulate(
+            &mut acc,
+            byte,
+            &act.q[b * QK..(b + 1) * QK],
+            w.d[b] * act.d[b],
+        );
     }
-    sum
+    hsum(&acc)
 }
