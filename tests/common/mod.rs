@@ -123,7 +123,7 @@ impl Worker {
     }
 }
 
-/// A `kvgate worker --backend sim` on a free port, serving [`MODEL`].
+/// A `kvgate worker --backend sim` (or another backend) on a free port, serving [`MODEL`].
 pub struct SimWorker {
     pub proc: Proc,
     pub port: u16,
@@ -131,17 +131,26 @@ pub struct SimWorker {
 
 impl SimWorker {
     pub async fn start(extra: &[&str]) -> SimWorker {
+        SimWorker::start_backend("sim", extra).await
+    }
+
+    /// A worker on the real model: `kvgate worker --backend cpu` on the default GGUF.
+    pub async fn start_cpu(extra: &[&str]) -> SimWorker {
+        SimWorker::start_backend("cpu", extra).await
+    }
+
+    async fn start_backend(backend: &str, extra: &[&str]) -> SimWorker {
         let port = free_port();
         let args = [
             "worker",
             "--backend",
-            "sim",
+            backend,
             "--port",
             &port.to_string(),
             "--served-model-name",
             MODEL,
         ];
-        let proc = start_server(&args, extra, &format!("sim-{port}"), port).await;
+        let proc = start_server(&args, extra, &format!("{backend}-{port}"), port).await;
         SimWorker { proc, port }
     }
 
