@@ -102,3 +102,17 @@ fn streaming_detokenisation_never_splits_a_character() {
     assert!(stopped.stopped());
     assert_eq!(cut, &text[..text.find("a stop").unwrap()]);
 }
+
+#[test]
+fn token_bytes_spell_the_text_even_inside_a_character() {
+    let m = ModelFile::open(&default_model()).unwrap();
+    let text = "emoji 😀🎉👍🏽, accents café naïve, CJK 日本語, tabs\tand\nnewlines";
+    let ids = m.tokenizer.encode(text, false).unwrap();
+    let bytes: Vec<u8> = ids
+        .iter()
+        .flat_map(|&t| m.tokenizer.token_bytes(t))
+        .collect();
+    assert_eq!(String::from_utf8(bytes).unwrap(), text);
+    // A control token is its own text.
+    assert_eq!(m.tokenizer.token_bytes(1), b"<|im_start|>");
+}

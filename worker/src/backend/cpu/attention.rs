@@ -110,6 +110,8 @@ fn attend_impl(
     let scores = &mut scores[..inputs.offsets.len()];
     let inv = (1.0 / ggml_math::exp_and_sum(scores, max)) as f32;
     // out[d] = Σ_pos p[pos] · v[pos][d], position `pos` in lane pos % 8 of chunk (pos / 8) % n.
+    // Lanes are stored slot-major (`lanes[slot * hd + d]`) so each position's update is one
+    // contiguous run of fused multiply-adds.
     let chunks = order.chunks();
     let lanes = &mut lanes[..hd * 32];
     lanes.fill(0.0);
@@ -117,13 +119,14 @@ fn attend_impl(
         let p = f16::from_f32(w * inv).to_f32();
         let slot = (pos / 8 % chunks) * 8 + pos % 8;
         let base = off + inputs.kv_head;
-        for (d, &v) in inputs.v_cache[base..base + hd].iter().enumerate() {
-            let acc = &mut lanes[d * 32 + slot];
-            *acc = p.mul_add(v, *acc);
+        let acc = &mut lanes[slot * hd..(slot + 1) * hd];
+        for (a, &v) in acc.iter_mut().zip(&inputs.v_cache[base..base + hd]) {
+            *a = p.mul_add(v, *a);
         }
     }
     for (d, o) in out.iter_mut().enumerate() {
-        *o = reduce(order, &lanes[d * 32..d * 32 + 32]);
+        let acc: [f32; 32] = std::array::from_fn(|slot| lanes[slot * hd + d]);
+        *o = reduce(order, &acc);
     }
 }
 
@@ -136,15 +139,17 @@ fn dot(order: SumOrder, a: &[f32], b: &[f32]) -> f32 {
     } else {
         SumOrder::Decode
     };
-    let chunks = order.chunks();
     let whole = match order {
         SumOrder::Prompt => a.len(),
         SumOrder::Decode => a.len() / 32 * 32,
     };
+    // Lane j of chunk k at acc[k * 8 + j]: one chunk cycles for Prompt, four for Decode.
     let mut acc = [0.0f32; 32];
-    for (i, (&x, &y)) in a[..whole].iter().zip(b).enumerate() {
-        let slot = (i / 8 % chunks) * 8 + i % 8;
-        acc[slot] = x.mul_add(y, acc[slot]);
+    let step = order.chunks() * 8;
+    for (xs, ys) in a[..whole].chunks_exact(step).zip(b.chunks_exact(step)) {
+        for ((s, &x), &y) in acc.iter_mut().zip(xs).zip(ys) {
+            *s = x.mul_add(y, *s);
+        }
     }
     let mut sum = reduce(order, &acc);
     if whole < a.len() {

@@ -1,8 +1,8 @@
 //! Matrix times a batch of activation rows, split over output rows across the backend's
 //! threads, so that every weight is read once per step whatever the batch size.
 
-use super::dot::{dot, Isa, QuantRow};
-use super::quant::{Q8Row, QK};
+use super::dot::{tile, Isa, QuantRow};
+use super::quant::{Q8Row, WeightType, QK};
 use super::weights::{Matrix, MatrixData};
 use rayon::prelude::*;
 
@@ -35,32 +35,29 @@ impl Matmul<'_> {
         scratch.resize(rows * tokens, 0.0);
         let compute = |(chunk, dst): (usize, &mut [f32])| {
             let first = chunk * ROWS_PER_TASK;
-            for (i, per_row) in dst.chunks_exact_mut(tokens).enumerate() {
-                let r = first + i;
-                match &w.data {
-                    MatrixData::Quantized {
-                        kind,
-                        bytes,
-                        row_bytes,
-                        d,
-                        m,
-                    } => {
-                        let blocks = w.cols / QK;
-                        let row = QuantRow {
-                            blocks: &bytes[r * row_bytes..(r + 1) * row_bytes],
-                            d: &d[r * blocks..(r + 1) * blocks],
-                            m: if m.is_empty() {
-                                &[]
-                            } else {
-                                &m[r * blocks..(r + 1) * blocks]
-                            },
-                        };
-                        for (t, o) in per_row.iter_mut().enumerate() {
-                            *o = dot(isa, *kind, row, &acts[t]);
-                        }
-                    }
-                    MatrixData::F32(v) => {
-                        let row = &v[r * w.cols..(r + 1) * w.cols];
+            match &w.data {
+                MatrixData::Quantized {
+                    kind,
+                    bytes,
+                    row_bytes,
+                    d,
+                    m,
+                } => {
+                    let blocks = w.cols / QK;
+                    let row = |r: usize| QuantRow {
+                        blocks: &bytes[r * row_bytes..(r + 1) * row_bytes],
+                        d: &d[r * blocks..(r + 1) * blocks],
+                        m: if m.is_empty() {
+                            &[]
+                        } else {
+                            &m[r * blocks..(r + 1) * blocks]
+                        },
+                    };
+                    quantized_rows(isa, *kind, row, first, acts, tokens, dst);
+                }
+                MatrixData::F32(v) => {
+                    for (i, per_row) in dst.chunks_exact_mut(tokens).enumerate() {
+                        let row = &v[(first + i) * w.cols..(first + i + 1) * w.cols];
                         for (t, o) in per_row.iter_mut().enumerate() {
                             *o = row
                                 .iter()
@@ -83,6 +80,67 @@ impl Matmul<'_> {
             for (t, v) in per_row.iter().enumerate() {
                 out[t * rows + r] = *v;
             }
+        }
+    }
+}
+
+/// Rows `first..` of a quantised matrix (as many as `dst` holds, `tokens` values each) against
+/// every activation: 4 tokens by 2 rows at a time, then the remaining tokens 4 rows at a time.
+fn quantized_rows<'w>(
+    isa: Isa,
+    kind: WeightType,
+    row: impl Fn(usize) -> QuantRow<'w>,
+    first: usize,
+    acts: &[Q8Row],
+    tokens: usize,
+    dst: &mut [f32],
+) {
+    let n = dst.len() / tokens;
+    let whole = tokens / 4 * 4;
+    for t in (0..whole).step_by(4) {
+        let a = [&acts[t], &acts[t + 1], &acts[t + 2], &acts[t + 3]];
+        let mut i = 0;
+        while i + 2 <= n {
+            let mut out = [[0.0; 4]; 2];
+            tile(
+                isa,
+                kind,
+                &[row(first + i), row(first + i + 1)],
+                &a,
+                &mut out,
+            );
+            for (k, o) in out.iter().enumerate() {
+                dst[(i + k) * tokens + t..(i + k) * tokens + t + 4].copy_from_slice(o);
+            }
+            i += 2;
+        }
+        if i < n {
+            let mut out = [[0.0; 4]; 1];
+            tile(isa, kind, &[row(first + i)], &a, &mut out);
+            dst[i * tokens + t..i * tokens + t + 4].copy_from_slice(&out[0]);
+        }
+    }
+    for t in whole..tokens {
+        let a = [&acts[t]];
+        let mut i = 0;
+        while i + 4 <= n {
+            let rows = [
+                row(first + i),
+                row(first + i + 1),
+                row(first + i + 2),
+                row(first + i + 3),
+            ];
+            let mut out = [[0.0; 1]; 4];
+            tile(isa, kind, &rows, &a, &mut out);
+            for (k, o) in out.iter().enumerate() {
+                dst[(i + k) * tokens + t] = o[0];
+            }
+            i += 4;
+        }
+        for i in i..n {
+            let mut out = [[0.0; 1]; 1];
+            tile(isa, kind, &[row(first + i)], &a, &mut out);
+            dst[i * tokens + t] = out[0][0];
         }
     }
 }

@@ -3,7 +3,7 @@
 //! Only reached after `Isa::detect` found AVX2 and FMA on this CPU.
 #![allow(unsafe_code)]
 
-use super::super::quant::{Q8Row, QK};
+use super::super::quant::{Q8Row, WeightType, QK};
 use super::QuantRow;
 use std::arch::x86_64::*;
 
@@ -115,4 +115,105 @@ unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
     _mm_cvtss_f32(s)
+}
+
+/// `R` weight rows against `T` activation rows at once (Q4_1 or Q8_0; `false` for other
+/// kinds): each weight block is unpacked once for all `T` tokens, and the `R * T` independent
+/// accumulator chains keep the FMA units busy. Every (row, token) pair goes through exactly
+/// the operations of the one-pair kernels above, so results are bit-identical to them.
+pub fn tile<const R: usize, const T: usize>(
+    kind: WeightType,
+    rows: &[QuantRow<'_>; R],
+    acts: &[&Q8Row; T],
+    out: &mut [[f32; T]; R],
+) -> bool {
+    let (size, q4) = match kind {
+        WeightType::Q4_1 => (20, true),
+        WeightType::Q8_0 => (34, false),
+        _ => return false,
+    };
+    let blocks = rows[0].blocks.len() / size;
+    let fit = rows
+        .iter()
+        .all(|w| w.blocks.len() >= blocks * size && acts.iter().all(|a| fits(w, a, blocks, q4)));
+    if !fit {
+        return false;
+    }
+    // SAFETY: AVX2 and FMA are present (Isa::detect); `fit` checked every row and activation
+    // covers `blocks` blocks, which bounds every load below.
+    unsafe {
+        if q4 {
+            q4_1_tile(rows, acts, blocks, out);
+        } else {
+            q8_0_tile(rows, acts, blocks, out);
+        }
+    }
+    true
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn q4_1_tile<const R: usize, const T: usize>(
+    rows: &[QuantRow<'_>; R],
+    acts: &[&Q8Row; T],
+    blocks: usize,
+    out: &mut [[f32; T]; R],
+) {
+    let low = _mm_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    let mut offsets = [[0.0f32; T]; R];
+    for b in 0..blocks {
+        let a: [__m256i; T] =
+            std::array::from_fn(|t| _mm256_loadu_si256(acts[t].q.as_ptr().add(b * QK).cast()));
+        for r in 0..R {
+            let w = &rows[r];
+            let qs = _mm_loadu_si128(w.blocks.as_ptr().add(b * 20 + 4).cast());
+            let wq = _mm256_set_m128i(
+                _mm_and_si128(_mm_srli_epi16(qs, 4), low),
+                _mm_and_si128(qs, low),
+            );
+            for t in 0..T {
+                let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, a[t]), ones);
+                let scale = _mm256_set1_ps(w.d[b] * acts[t].d[b]);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[r][t]);
+                offsets[r][t] = w.m[b].mul_add(acts[t].s[b], offsets[r][t]);
+            }
+        }
+    }
+    for r in 0..R {
+        for t in 0..T {
+            out[r][t] = hsum(acc[r][t]) + offsets[r][t];
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn q8_0_tile<const R: usize, const T: usize>(
+    rows: &[QuantRow<'_>; R],
+    acts: &[&Q8Row; T],
+    blocks: usize,
+    out: &mut [[f32; T]; R],
+) {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    for b in 0..blocks {
+        let a: [__m256i; T] =
+            std::array::from_fn(|t| _mm256_loadu_si256(acts[t].q.as_ptr().add(b * QK).cast()));
+        for r in 0..R {
+            let w = &rows[r];
+            let wq = _mm256_loadu_si256(w.blocks.as_ptr().add(b * 34 + 2).cast());
+            let abs_w = _mm256_sign_epi8(wq, wq);
+            for t in 0..T {
+                let products = _mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(a[t], wq));
+                let sums = _mm256_madd_epi16(products, ones);
+                let scale = _mm256_set1_ps(w.d[b] * acts[t].d[b]);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[r][t]);
+            }
+        }
+    }
+    for r in 0..R {
+        for t in 0..T {
+            out[r][t] = hsum(acc[r][t]);
+        }
+    }
 }
