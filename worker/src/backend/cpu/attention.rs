@@ -67,8 +67,8 @@ pub fn attend(
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
-        // SAFETY: `Isa::Avx2` is only chosen when the CPU has AVX2 and FMA.
+    if isa.has_avx2_fma() {
+        // SAFETY: every kernel set but `Portable` is only chosen when the CPU has AVX2 and FMA.
         unsafe { attend_fma(inputs, q, scores, lanes, out) };
         return;
     }

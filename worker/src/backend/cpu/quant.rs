@@ -102,6 +102,14 @@ pub fn dequantize_row(kind: WeightType, row: &[u8], out: &mut [f32]) {
     }
 }
 
+/// Rounds half to even, as `_mm256_round_ps(_MM_ROUND_NEAREST)` does, for |x| < 2^22 (codes
+/// are within ±127.5): adding and removing 1.5 * 2^23 leaves the float unit to round. Unlike
+/// `f32::round_ties_even` it needs no libm call on CPUs targeted without SSE4.1.
+fn round_ties_even(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (x + MAGIC) - MAGIC
+}
+
 /// An activation row quantised to 8 bits per 32-value block (ggml's Q8_0 / Q8_1): `d` is the
 /// scale, `s` is `d * sum(q)` (used against Q4_1's offset). Scales are rounded through f16 as
 /// llama.cpp stores them.
@@ -135,7 +143,7 @@ impl Q8Row {
             let id = if amax == 0.0 { 0.0 } else { 127.0 / amax };
             let mut sum = 0i32;
             for (q, &v) in self.q[b * QK..(b + 1) * QK].iter_mut().zip(xs) {
-                let r = (v * id).round_ties_even() as i32;
+                let r = round_ties_even(v * id) as i32;
                 *q = r.clamp(-127, 127) as i8;
                 sum += i32::from(*q);
             }
@@ -159,6 +167,23 @@ mod tests {
         let mut out = [0f32; 32];
         dequantize_row(WeightType::Q4_1, &block, &mut out);
         assert_eq!((out[0], out[16], out[1]), (1.0, 4.0, -1.0));
+    }
+
+    #[test]
+    fn rounding_is_half_to_even() {
+        for (x, r) in [
+            (0.5, 0.0),
+            (1.5, 2.0),
+            (2.5, 2.0),
+            (-0.5, -0.0),
+            (-1.5, -2.0),
+            (126.5, 126.0),
+            (0.49, 0.0),
+            (-127.4, -127.0),
+        ] {
+            assert_eq!(round_ties_even(x), r, "{x}");
+            assert_eq!(round_ties_even(x), x.round_ties_even(), "{x}");
+        }
     }
 
     #[test]

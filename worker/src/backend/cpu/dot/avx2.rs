@@ -121,11 +121,14 @@ unsafe fn hsum(v: __m256) -> f32 {
 /// kinds): each weight block is unpacked once for all `T` tokens, and the `R * T` independent
 /// accumulator chains keep the FMA units busy. Every (row, token) pair goes through exactly
 /// the operations of the one-pair kernels above, so results are bit-identical to them.
+/// With `vnni`, the integer sums come from one `vpdpbusd` (AVX-512 VNNI on 256-bit registers)
+/// instead of `maddubs` + `madd`: the same exact sums, so the same results.
 pub fn tile<const R: usize, const T: usize>(
     kind: WeightType,
     rows: &[QuantRow<'_>; R],
     acts: &[&Q8Row; T],
     out: &mut [[f32; T]; R],
+    vnni: bool,
 ) -> bool {
     let (size, q4) = match kind {
         WeightType::Q4_1 => (20, true),
@@ -139,27 +142,71 @@ pub fn tile<const R: usize, const T: usize>(
     if !fit {
         return false;
     }
-    // SAFETY: AVX2 and FMA are present (Isa::detect); `fit` checked every row and activation
-    // covers `blocks` blocks, which bounds every load below.
+    // SAFETY: AVX2 and FMA are present (Isa::detect), and AVX-512 VNNI + VL when `vnni`;
+    // `fit` checked every row and activation covers `blocks` blocks, which bounds every load.
     unsafe {
-        if q4 {
-            q4_1_tile(rows, acts, blocks, out);
-        } else {
-            q8_0_tile(rows, acts, blocks, out);
+        match (q4, vnni) {
+            (true, false) => wrappers::q4_1_tile(rows, acts, blocks, out),
+            (false, false) => wrappers::q8_0_tile(rows, acts, blocks, out),
+            (true, true) => wrappers::q4_1_tile_vnni(rows, acts, blocks, out),
+            (false, true) => wrappers::q8_0_tile_vnni(rows, acts, blocks, out),
         }
     }
     true
 }
 
-#[target_feature(enable = "avx2,fma")]
-unsafe fn q4_1_tile<const R: usize, const T: usize>(
+/// The tile kernels compiled for each instruction set (the bodies are inlined into these).
+mod wrappers {
+    use super::*;
+
+    macro_rules! wrapper {
+        ($name:ident, $body:ident, $features:literal, $vnni:literal) => {
+            #[target_feature(enable = $features)]
+            pub unsafe fn $name<const R: usize, const T: usize>(
+                rows: &[QuantRow<'_>; R],
+                acts: &[&Q8Row; T],
+                blocks: usize,
+                out: &mut [[f32; T]; R],
+            ) {
+                super::$body::<R, T, $vnni>(rows, acts, blocks, out);
+            }
+        };
+    }
+
+    wrapper!(q4_1_tile, q4_1_tile, "avx2,fma", false);
+    wrapper!(q8_0_tile, q8_0_tile, "avx2,fma", false);
+    wrapper!(
+        q4_1_tile_vnni,
+        q4_1_tile,
+        "avx2,fma,avx512vnni,avx512vl",
+        true
+    );
+    wrapper!(
+        q8_0_tile_vnni,
+        q8_0_tile,
+        "avx2,fma,avx512vnni,avx512vl",
+        true
+    );
+}
+
+/// Σ u[i] * s[i] over each group of 4 bytes, as 8 i32 lanes (`u` unsigned, `s` signed).
+#[inline(always)]
+unsafe fn dot_u8_i8<const VNNI: bool>(u: __m256i, s: __m256i) -> __m256i {
+    if VNNI {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+    } else {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+    }
+}
+
+#[inline(always)]
+unsafe fn q4_1_tile<const R: usize, const T: usize, const VNNI: bool>(
     rows: &[QuantRow<'_>; R],
     acts: &[&Q8Row; T],
     blocks: usize,
     out: &mut [[f32; T]; R],
 ) {
     let low = _mm_set1_epi8(0x0F);
-    let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     let mut offsets = [[0.0f32; T]; R];
     for b in 0..blocks {
@@ -173,7 +220,7 @@ unsafe fn q4_1_tile<const R: usize, const T: usize>(
                 _mm_and_si128(qs, low),
             );
             for t in 0..T {
-                let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, a[t]), ones);
+                let sums = dot_u8_i8::<VNNI>(wq, a[t]);
                 let scale = _mm256_set1_ps(w.d[b] * acts[t].d[b]);
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[r][t]);
                 offsets[r][t] = w.m[b].mul_add(acts[t].s[b], offsets[r][t]);
@@ -187,14 +234,13 @@ unsafe fn q4_1_tile<const R: usize, const T: usize>(
     }
 }
 
-#[target_feature(enable = "avx2,fma")]
-unsafe fn q8_0_tile<const R: usize, const T: usize>(
+#[inline(always)]
+unsafe fn q8_0_tile<const R: usize, const T: usize, const VNNI: bool>(
     rows: &[QuantRow<'_>; R],
     acts: &[&Q8Row; T],
     blocks: usize,
     out: &mut [[f32; T]; R],
 ) {
-    let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     for b in 0..blocks {
         let a: [__m256i; T] =
@@ -204,8 +250,7 @@ unsafe fn q8_0_tile<const R: usize, const T: usize>(
             let wq = _mm256_loadu_si256(w.blocks.as_ptr().add(b * 34 + 2).cast());
             let abs_w = _mm256_sign_epi8(wq, wq);
             for t in 0..T {
-                let products = _mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(a[t], wq));
-                let sums = _mm256_madd_epi16(products, ones);
+                let sums = dot_u8_i8::<VNNI>(abs_w, _mm256_sign_epi8(a[t], wq));
                 let scale = _mm256_set1_ps(w.d[b] * acts[t].d[b]);
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[r][t]);
             }

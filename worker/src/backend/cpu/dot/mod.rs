@@ -14,18 +14,26 @@ use super::quant::{Q8Row, WeightType};
 pub enum Isa {
     Portable,
     Avx2,
+    /// AVX2 kernels with AVX-512 VNNI integer dot products (on 256-bit registers: wider
+    /// registers would change which sums llama.cpp's AVX2 order groups together).
+    Avx512Vnni,
 }
 
 impl Isa {
-    /// The best this CPU supports (or `Portable` when `KVGATE_ISA=portable` asks for it).
+    /// The best this CPU supports (or a lesser one that `KVGATE_ISA=portable|avx2` asks for).
     pub fn detect() -> Isa {
         let forced = std::env::var("KVGATE_ISA").unwrap_or_default();
         #[cfg(target_arch = "x86_64")]
         {
-            let avx2 = std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma");
-            if avx2 && forced != "portable" {
-                return Isa::Avx2;
+            use std::arch::is_x86_feature_detected as has;
+            let avx2 = has!("avx2") && has!("fma");
+            let vnni = avx2 && has!("avx512vnni") && has!("avx512vl");
+            match forced.as_str() {
+                "portable" => {}
+                "avx2" if avx2 => return Isa::Avx2,
+                _ if vnni => return Isa::Avx512Vnni,
+                _ if avx2 => return Isa::Avx2,
+                _ => {}
             }
         }
         let _ = forced;
@@ -36,7 +44,13 @@ impl Isa {
         match self {
             Isa::Portable => "portable",
             Isa::Avx2 => "avx2",
+            Isa::Avx512Vnni => "avx512-vnni",
         }
+    }
+
+    /// Whether AVX2 and FMA are present (every kernel set but the portable one).
+    pub fn has_avx2_fma(self) -> bool {
+        self != Isa::Portable
     }
 }
 
@@ -54,11 +68,11 @@ pub struct QuantRow<'a> {
 pub fn dot(isa: Isa, kind: WeightType, row: QuantRow<'_>, act: &Q8Row) -> f32 {
     match (isa, kind) {
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2, WeightType::Q4_1) => avx2::q4_1_q8_1(row, act),
+        (Isa::Avx2 | Isa::Avx512Vnni, WeightType::Q4_1) => avx2::q4_1_q8_1(row, act),
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2, WeightType::Q8_0) => avx2::q8_0_q8_0(row, act),
+        (Isa::Avx2 | Isa::Avx512Vnni, WeightType::Q8_0) => avx2::q8_0_q8_0(row, act),
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2, WeightType::Q4_0) => avx2::q4_0_q8_0(row, act),
+        (Isa::Avx2 | Isa::Avx512Vnni, WeightType::Q4_0) => avx2::q4_0_q8_0(row, act),
         (_, WeightType::Q4_1) => portable::q4_1_q8_1(row, act),
         (_, WeightType::Q8_0) => portable::q8_0_q8_0(row, act),
         (_, WeightType::Q4_0) => portable::q4_0_q8_0(row, act),
@@ -77,7 +91,7 @@ pub fn tile<const R: usize, const T: usize>(
     out: &mut [[f32; T]; R],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 && avx2::tile(kind, rows, acts, out) {
+    if isa.has_avx2_fma() && avx2::tile(kind, rows, acts, out, isa == Isa::Avx512Vnni) {
         return;
     }
     for (row, out) in rows.iter().zip(out.iter_mut()) {
@@ -144,9 +158,14 @@ mod tests {
                 prop_assert!((got - reference).abs() <= 1e-3 * (1.0 + reference.abs()), "{kind:?}: {got} vs {reference}");
                 let best = dot(Isa::detect(), kind, qrow, &act);
                 prop_assert_eq!(portable.to_bits(), best.to_bits(), "{:?}: portable and {:?} differ", kind, Isa::detect());
-                let mut tiled = [[0.0f32; 3]; 2];
-                tile(Isa::detect(), kind, &[qrow, qrow], &[&act, &act, &act], &mut tiled);
-                prop_assert!(tiled.iter().flatten().all(|v| v.to_bits() == best.to_bits()), "{kind:?}: tiled {tiled:?} vs {best}");
+                for isa in [Isa::Avx2, Isa::Avx512Vnni] {
+                    if isa == Isa::Avx512Vnni && Isa::detect() != isa || !Isa::detect().has_avx2_fma() {
+                        continue;
+                    }
+                    let mut tiled = [[0.0f32; 3]; 2];
+                    tile(isa, kind, &[qrow, qrow], &[&act, &act, &act], &mut tiled);
+                    prop_assert!(tiled.iter().flatten().all(|v| v.to_bits() == best.to_bits()), "{kind:?} {isa:?}: tiled {tiled:?} vs {best}");
+                }
             }
         }
     }
