@@ -30,6 +30,32 @@ enum Command {
         #[arg(long)]
         listen: Option<String>,
     },
+    /// Run the per-GPU agent: supervise a worker (the command after `--`) or attach to a
+    /// running engine, and push its telemetry to every gateway (SIGTERM stops it and the
+    /// worker gracefully).
+    Agent {
+        /// A gateway's admin URL (`http://HOST:PORT`); repeat for several gateways.
+        #[arg(long = "gateway", required = true)]
+        gateways: Vec<String>,
+        /// File holding the bearer token the gateways expect.
+        #[arg(long)]
+        token_file: PathBuf,
+        /// The engine's base URL, as the gateways should route to it.
+        #[arg(long)]
+        url: String,
+        /// The replica's name in the fleet (default: its URL).
+        #[arg(long)]
+        replica_id: Option<String>,
+        /// `kvgate`, `vllm`, `sglang` or `llamacpp`.
+        #[arg(long, default_value = "kvgate")]
+        engine: String,
+        /// Milliseconds between reports.
+        #[arg(long, default_value_t = 100)]
+        interval_ms: u64,
+        /// The worker command to supervise; none to attach to `--url`.
+        #[arg(last = true)]
+        command: Vec<String>,
+    },
     /// Run an inference worker: the engine behind an OpenAI-compatible server.
     Worker {
         /// `cpu`: the model computed here; `sim`: GPU timing from a hardware profile and
@@ -137,6 +163,38 @@ fn run(command: Command) -> Result<(), String> {
     match command {
         Command::Gateway { config, listen } => {
             kvgate_router::run(&config, listen).map_err(|e| e.to_string())
+        }
+        Command::Agent {
+            gateways,
+            token_file,
+            url,
+            replica_id,
+            engine,
+            interval_ms,
+            command,
+        } => {
+            let token = std::fs::read_to_string(&token_file)
+                .map_err(|e| format!("token file {}: {e}", token_file.display()))?
+                .trim()
+                .to_string();
+            if interval_ms == 0 {
+                return Err("--interval-ms must be at least 1".into());
+            }
+            let config = kvgate_agent::AgentConfig {
+                gateways,
+                token,
+                replica: replica_id,
+                url: url.trim_end_matches('/').to_string(),
+                engine,
+                command,
+                interval: std::time::Duration::from_millis(interval_ms),
+            };
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .map_err(|e| format!("runtime: {e}"))?
+                .block_on(kvgate_agent::run(config))
         }
         Command::Worker {
             backend,

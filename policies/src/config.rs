@@ -43,8 +43,11 @@ pub struct Weights {
     pub prefix: f64,
     /// 1 for the bounded-load consistent-hash owner of the prompt's first chunks.
     pub ring: f64,
-    /// 1 for an idle replica, falling towards 0 as its in-flight count nears the fleet's busiest.
+    /// 1 for an idle replica, falling towards 0 as its load (requests in flight from this
+    /// gateway plus those its agent reports queued) nears the fleet's busiest.
     pub load: f64,
+    /// 1 unless the replica's agent reports are stale (then 0).
+    pub fresh: f64,
 }
 
 impl Default for Weights {
@@ -53,6 +56,7 @@ impl Default for Weights {
             prefix: 3.0,
             ring: 1.0,
             load: 1.0,
+            fresh: 1.0,
         }
     }
 }
@@ -98,6 +102,7 @@ impl PolicyConfig {
             ("prefix", self.weights.prefix),
             ("ring", self.weights.ring),
             ("load", self.weights.load),
+            ("fresh", self.weights.fresh),
         ] {
             check(
                 w.is_finite() && w >= 0.0,

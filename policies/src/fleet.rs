@@ -15,6 +15,10 @@ pub struct ReplicaView {
     pub in_flight: u32,
     /// Hard cap on in-flight requests, if configured.
     pub max_in_flight: Option<u32>,
+    /// Requests the replica's agent last reported queued (0 without an agent).
+    pub waiting: u32,
+    /// Its agent's last report is older than the stale threshold: scored down.
+    pub stale: bool,
 }
 
 /// The replicas that may serve this request (those that serve its model), healthy or not.

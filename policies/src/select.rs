@@ -9,6 +9,7 @@ pub struct Signals {
     pub prefix: f64,
     pub ring: f64,
     pub load: f64,
+    pub fresh: f64,
 }
 
 /// One ranked replica and why it got its score.
@@ -113,11 +114,13 @@ impl Policy {
     /// Ranks the healthy replicas of `fleet` for a request.
     pub fn select(&self, features: &RequestFeatures, fleet: FleetView<'_>) -> Decision {
         let healthy = fleet.replicas.iter().filter(|r| r.healthy);
-        let (count, total_load, max_load) = healthy
-            .clone()
-            .fold((0u64, 0u64, 0u32), |(n, sum, max), r| {
-                (n + 1, sum + u64::from(r.in_flight), max.max(r.in_flight))
-            });
+        let (count, total_load, max_load) =
+            healthy
+                .clone()
+                .fold((0u64, 0u64, 0u32), |(n, sum, max), r| {
+                    let load = r.in_flight.saturating_add(r.waiting);
+                    (n + 1, sum + u64::from(r.in_flight), max.max(load))
+                });
         if count == 0 {
             return Decision::default();
         }
@@ -185,13 +188,17 @@ impl Policy {
                         matched as f64 / chunks.max(1) as f64
                     },
                     ring: if owner == Some(r.id) { 1.0 } else { 0.0 },
-                    load: 1.0 - f64::from(r.in_flight) / (f64::from(max_load) + 1.0),
+                    load: 1.0
+                        - f64::from(r.in_flight.saturating_add(r.waiting))
+                            / (f64::from(max_load) + 1.0),
+                    fresh: if r.stale { 0.0 } else { 1.0 },
                 };
                 Candidate {
                     replica: r.id,
                     total: w.prefix * signals.prefix
                         + w.ring * signals.ring
-                        + w.load * signals.load,
+                        + w.load * signals.load
+                        + w.fresh * signals.fresh,
                     signals,
                     ring_rank: rank[i],
                     saturated: is_saturated,
@@ -235,6 +242,8 @@ mod tests {
                 healthy: true,
                 in_flight: l,
                 max_in_flight: None,
+                waiting: 0,
+                stale: false,
             })
             .collect()
     }

@@ -6,6 +6,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
     InvalidRequest,
+    /// A missing or wrong bearer token.
+    Unauthorized,
     ModelNotFound,
     NotFound,
     MethodNotAllowed,
@@ -21,6 +23,7 @@ impl ErrorKind {
     pub fn status(self) -> u16 {
         match self {
             ErrorKind::InvalidRequest => 400,
+            ErrorKind::Unauthorized => 401,
             ErrorKind::ModelNotFound | ErrorKind::NotFound => 404,
             ErrorKind::MethodNotAllowed => 405,
             ErrorKind::PayloadTooLarge => 413,
@@ -35,6 +38,7 @@ impl ErrorKind {
     fn type_and_code(self) -> (&'static str, &'static str) {
         match self {
             ErrorKind::InvalidRequest => ("invalid_request_error", "invalid_request"),
+            ErrorKind::Unauthorized => ("authentication_error", "invalid_api_key"),
             ErrorKind::ModelNotFound => ("invalid_request_error", "model_not_found"),
             ErrorKind::NotFound => ("invalid_request_error", "not_found"),
             ErrorKind::MethodNotAllowed => ("invalid_request_error", "method_not_allowed"),

@@ -6,6 +6,7 @@ pub mod error;
 pub mod hash;
 pub mod kv_events;
 pub mod openai;
+pub mod telemetry;
 
 pub use error::{ApiError, ErrorBody, ErrorKind};
 pub use hash::{block_hashes, extend_block_hashes, text_chunk_hashes, HashKeyMap, HashSeed};

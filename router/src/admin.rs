@@ -28,7 +28,9 @@ impl AdminApp {
 
 /// Sets the per-replica gauges from live state, just before a scrape.
 pub fn refresh_gauges(gateway: &Gateway) {
-    for r in &gateway.snapshot().replicas {
+    let snap = gateway.snapshot();
+    let snap_agents = snap.config.agents.as_ref();
+    for r in &snap.replicas {
         gateway
             .metrics
             .in_flight
@@ -38,7 +40,7 @@ pub fn refresh_gauges(gateway: &Gateway) {
             .metrics
             .healthy
             .with_label_values(&[&r.name])
-            .set(i64::from(r.is_available()));
+            .set(i64::from(r.is_routable(snap_agents)));
     }
 }
 
@@ -71,8 +73,11 @@ impl HttpServerApp for AdminApp {
             }
             (&Method::GET, "/admin/replicas") => {
                 let snap = gateway.snapshot();
-                let replicas: Vec<serde_json::Value> =
-                    snap.replicas.iter().map(|r| r.status_json()).collect();
+                let replicas: Vec<serde_json::Value> = snap
+                    .replicas
+                    .iter()
+                    .map(|r| r.status_json(snap.config.agents.as_ref()))
+                    .collect();
                 (200, json(&serde_json::json!({ "replicas": replicas })))
             }
             (&Method::GET, "/admin/config") => (200, json(&gateway.snapshot().config)),
@@ -87,6 +92,17 @@ impl HttpServerApp for AdminApp {
                     )
                 }
             },
+            (&Method::POST, kvgate_protocol::telemetry::REPORT_PATH) => {
+                let auth = session
+                    .req_header()
+                    .headers
+                    .get(http::header::AUTHORIZATION)
+                    .map(|v| v.as_bytes().to_vec());
+                match read_all(&mut session).await {
+                    Some(body) => crate::agents::take_report(gateway, auth.as_deref(), &body),
+                    None => return None,
+                }
+            }
             (&Method::POST, "/admin/explain") => match read_all(&mut session).await {
                 Some(body) => explain(gateway, &body),
                 None => return None,

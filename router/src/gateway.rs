@@ -4,10 +4,11 @@
 
 use crate::config::{self, ConfigError, GatewayConfig};
 use crate::metrics::Metrics;
-use crate::replica::{InFlight, ModelMatch, Replica};
+use crate::replica::{Freshness, InFlight, ModelMatch, Replica};
 use kvgate_policies::{
     Candidate, Decision, FleetView, Policy, ReplicaId, ReplicaView, RequestFeatures,
 };
+use kvgate_protocol::telemetry::TelemetryReport;
 use kvgate_protocol::{ApiError, ErrorKind};
 use pingora_core::connectors::http::Connector;
 use std::collections::BTreeSet;
@@ -35,6 +36,10 @@ impl Snapshot {
 pub struct Gateway {
     config_path: Option<PathBuf>,
     current: RwLock<Arc<Snapshot>>,
+    /// The agents' bearer token, read from `agents.token_file` at load and reload.
+    agent_token: RwLock<Option<String>>,
+    /// Replicas that joined by reporting (`agents.join: open`), kept across reloads.
+    joined: Mutex<Vec<config::ReplicaConfig>>,
     policy: Mutex<Policy>,
     pub metrics: Metrics,
     pub connector: Connector,
@@ -60,10 +65,13 @@ impl Gateway {
             }]
         })?;
         let policy = Policy::new(config.policy.clone());
-        let replicas = build_replicas(&config, &[])?;
+        let replicas = build_replicas(&config, &[], &[])?;
+        let token = read_agent_token(&config)?;
         let gateway = Gateway {
             config_path,
             current: RwLock::new(Arc::new(Snapshot { config, replicas })),
+            agent_token: RwLock::new(token),
+            joined: Mutex::new(Vec::new()),
             policy: Mutex::new(policy),
             metrics,
             connector: Connector::new(None),
@@ -100,16 +108,105 @@ impl Gateway {
         if config.listen != old.config.listen || config.admin_listen != old.config.admin_listen {
             tracing::warn!("listener changes take effect only after a restart");
         }
-        let replicas = build_replicas(&config, &old.replicas)?;
+        let joined = self.joined.lock().unwrap_or_else(PoisonError::into_inner);
+        let replicas = build_replicas(&config, &joined, &old.replicas)?;
+        let token = read_agent_token(&config)?;
+        *self
+            .agent_token
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = token;
         self.policy
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .set_config(config.policy.clone());
         *self.current.write().unwrap_or_else(PoisonError::into_inner) =
             Arc::new(Snapshot { config, replicas });
+        drop(joined);
         self.sync_policy_members();
         tracing::info!("configuration reloaded");
         Ok(())
+    }
+
+    /// The token agents must present, when agent reports are on.
+    pub fn agent_token(&self) -> Option<String> {
+        self.agent_token
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The replica a report is about (by name, else by URL); with `agents.join: open` an
+    /// unknown one joins the fleet.
+    pub fn replica_for_report(&self, report: &TelemetryReport) -> Result<Arc<Replica>, ApiError> {
+        let find = |snap: &Snapshot| {
+            snap.replicas
+                .iter()
+                .find(|r| r.name == report.replica)
+                .or_else(|| snap.replicas.iter().find(|r| r.config.url == report.url))
+                .cloned()
+        };
+        if let Some(r) = find(&self.snapshot()) {
+            return Ok(r);
+        }
+        let open = self
+            .snapshot()
+            .config
+            .agents
+            .as_ref()
+            .is_some_and(|a| a.join == config::JoinMode::Open);
+        if !open {
+            return Err(ApiError::new(
+                ErrorKind::NotFound,
+                format!(
+                    "replica `{}` ({}) is not in the fleet, and `agents.join` is `static`",
+                    report.replica, report.url
+                ),
+            ));
+        }
+        config::resolve_url(&report.url)
+            .map_err(|e| ApiError::new(ErrorKind::InvalidRequest, format!("report url: {e}")))?;
+        if report.replica.trim().is_empty() {
+            return Err(ApiError::new(
+                ErrorKind::InvalidRequest,
+                "report replica is empty",
+            ));
+        }
+        // Joining rebuilds the snapshot; the lock keeps two joins from racing.
+        let mut joined = self.joined.lock().unwrap_or_else(PoisonError::into_inner);
+        let old = self.snapshot();
+        if let Some(r) = find(&old) {
+            return Ok(r);
+        }
+        joined.push(config::ReplicaConfig {
+            url: report.url.clone(),
+            id: Some(report.replica.clone()),
+            models: Vec::new(),
+            labels: Default::default(),
+            max_in_flight: None,
+        });
+        let replicas = build_replicas(&old.config, &joined, &old.replicas).map_err(|e| {
+            joined.pop();
+            let e: Vec<String> = e.iter().map(ToString::to_string).collect();
+            ApiError::new(ErrorKind::InvalidRequest, e.join("; "))
+        })?;
+        let snap = Arc::new(Snapshot {
+            config: old.config.clone(),
+            replicas,
+        });
+        let joined_replica = find(&snap);
+        *self.current.write().unwrap_or_else(PoisonError::into_inner) = snap;
+        drop(joined);
+        self.sync_policy_members();
+        tracing::info!(replica = %report.replica, url = %report.url, "replica joined by reporting");
+        joined_replica.ok_or_else(|| ApiError::new(ErrorKind::Internal, "joined replica vanished"))
+    }
+
+    /// Forgets what the policy learnt about a replica's cache (its worker restarted).
+    pub fn forget(&self, replica: &Replica) {
+        self.policy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .forget(replica.slot);
     }
 
     fn sync_policy_members(&self) {
@@ -155,13 +252,16 @@ impl Gateway {
         } else {
             known
         };
+        let agents = snap.config.agents.as_ref();
         let views: Vec<ReplicaView> = serving
             .iter()
             .map(|r| ReplicaView {
                 id: r.slot,
-                healthy: r.is_available(),
+                healthy: r.is_routable(agents),
                 in_flight: r.in_flight(),
                 max_in_flight: r.config.max_in_flight,
+                waiting: r.reported_waiting(),
+                stale: r.freshness(agents) == Freshness::Stale,
             })
             .collect();
         let started = Instant::now();
@@ -231,13 +331,40 @@ impl Gateway {
 
 /// The replicas of `config`, reusing `old` ones (state and slot) whose settings are unchanged,
 /// and keeping the slot of a renamed-in-place replica's name.
+fn read_agent_token(config: &GatewayConfig) -> Result<Option<String>, Vec<ConfigError>> {
+    config
+        .agents
+        .as_ref()
+        .map(|a| config::read_token(&a.token_file))
+        .transpose()
+        .map_err(|message| {
+            vec![ConfigError {
+                path: "agents.token_file".into(),
+                line: None,
+                message,
+            }]
+        })
+}
+
+/// The configured replicas, then those that joined by reporting (unless now configured).
 fn build_replicas(
     config: &GatewayConfig,
+    joined: &[config::ReplicaConfig],
     old: &[Arc<Replica>],
 ) -> Result<Vec<Arc<Replica>>, Vec<ConfigError>> {
+    let all: Vec<&config::ReplicaConfig> = config
+        .replicas
+        .iter()
+        .chain(joined.iter().filter(|j| {
+            !config
+                .replicas
+                .iter()
+                .any(|c| c.name() == j.name() || c.url == j.url)
+        }))
+        .collect();
     let mut used: BTreeSet<u32> = BTreeSet::new();
-    let mut slots = Vec::with_capacity(config.replicas.len());
-    for rc in &config.replicas {
+    let mut slots = Vec::with_capacity(all.len());
+    for rc in &all {
         let slot = old.iter().find(|r| r.name == rc.name()).map(|r| r.slot.0);
         if let Some(s) = slot {
             used.insert(s);
@@ -245,8 +372,8 @@ fn build_replicas(
         slots.push(slot);
     }
     let mut next_free = 0u32;
-    let mut replicas = Vec::with_capacity(config.replicas.len());
-    for (i, (rc, slot)) in config.replicas.iter().zip(slots).enumerate() {
+    let mut replicas = Vec::with_capacity(all.len());
+    for (i, (rc, slot)) in all.into_iter().zip(slots).enumerate() {
         if let Some(existing) = old.iter().find(|r| r.name == rc.name() && r.config == *rc) {
             replicas.push(Arc::clone(existing));
             continue;

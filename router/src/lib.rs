@@ -2,6 +2,7 @@
 //! `kvgate-policies` and forwards each request's original bytes to the best one.
 
 mod admin;
+mod agents;
 pub mod config;
 mod gateway;
 mod health;

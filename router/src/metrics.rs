@@ -30,6 +30,8 @@ pub struct Metrics {
     pub upstream_errors: IntCounterVec,
     pub client_disconnects: IntCounter,
     pub reloads: IntCounterVec,
+    /// Agent reports by result: accepted, unauthorized, rejected, missed (sequence gaps).
+    pub agent_reports: IntCounterVec,
 }
 
 impl Metrics {
@@ -111,6 +113,11 @@ impl Metrics {
             reloads: counter(
                 "kvgate_config_reloads_total",
                 "Configuration reloads",
+                &["result"],
+            )?,
+            agent_reports: counter(
+                "kvgate_agent_reports_total",
+                "Telemetry reports from agents, by result",
                 &["result"],
             )?,
             registry,

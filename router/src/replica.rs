@@ -2,8 +2,9 @@
 //! scores of its last decision. Shared between requests, the health checker and the admin API,
 //! and kept across config reloads while its name stays.
 
-use crate::config::{HealthConfig, ReplicaConfig, Upstream};
+use crate::config::{AgentsConfig, HealthConfig, ReplicaConfig, Upstream};
 use kvgate_policies::{Candidate, ReplicaId};
+use kvgate_protocol::telemetry::TelemetryReport;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -24,6 +25,38 @@ pub struct Replica {
     in_flight: AtomicU32,
     discovered_models: Mutex<Option<Vec<String>>>,
     last_decision: Mutex<Option<Candidate>>,
+    agent: Mutex<Option<AgentState>>,
+}
+
+/// The latest report from the replica's agent.
+#[derive(Debug, Clone)]
+struct AgentState {
+    report: TelemetryReport,
+    received: Instant,
+    /// Reports that never arrived (gaps in the sequence numbers).
+    missed: u64,
+}
+
+/// How current the agent's view of a replica is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Freshness {
+    /// No agent reports for it (or agents are off): health checks alone decide.
+    NoAgent,
+    Fresh,
+    /// Older than `stale_after_ms`: scored down.
+    Stale,
+    /// Older than `exclude_after_ms`, or the worker reported unhealthy: not routed to.
+    Excluded,
+}
+
+/// What a report changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReportOutcome {
+    /// The worker process is a new one: what the gateway learnt about its cache is void.
+    pub restarted: bool,
+    /// Reports missed since the previous one.
+    pub missed: u64,
 }
 
 /// What a failure did to the replica.
@@ -50,6 +83,7 @@ impl Replica {
             in_flight: AtomicU32::new(0),
             discovered_models: Mutex::new(None),
             last_decision: Mutex::new(None),
+            agent: Mutex::new(None),
         }
     }
 
@@ -64,6 +98,64 @@ impl Replica {
 
     pub fn is_ejected(&self) -> bool {
         self.now_ms() < self.ejected_until_ms.load(Ordering::Acquire)
+    }
+
+    /// Where the agent's reports stand, given the fleet's agent settings.
+    pub fn freshness(&self, agents: Option<&AgentsConfig>) -> Freshness {
+        let Some(agents) = agents else {
+            return Freshness::NoAgent;
+        };
+        let agent = self.agent.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(state) = agent.as_ref() else {
+            return Freshness::NoAgent;
+        };
+        let age = state.received.elapsed().as_millis() as u64;
+        if !state.report.healthy || age >= agents.exclude_after_ms {
+            Freshness::Excluded
+        } else if age >= agents.stale_after_ms {
+            Freshness::Stale
+        } else {
+            Freshness::Fresh
+        }
+    }
+
+    /// Eligible for routing: available, and not excluded by its agent's reports.
+    pub fn is_routable(&self, agents: Option<&AgentsConfig>) -> bool {
+        self.is_available() && self.freshness(agents) != Freshness::Excluded
+    }
+
+    /// Requests its agent last reported queued (0 without reports).
+    pub fn reported_waiting(&self) -> u32 {
+        self.agent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map_or(0, |s| s.report.waiting)
+    }
+
+    /// Takes a report from the replica's agent.
+    pub fn record_report(&self, report: TelemetryReport) -> ReportOutcome {
+        if self.needs_discovery() && !report.models.is_empty() {
+            self.set_discovered_models(report.models.clone());
+        }
+        let mut agent = self.agent.lock().unwrap_or_else(PoisonError::into_inner);
+        let (restarted, gap) = match agent.as_ref() {
+            None => (false, 0),
+            Some(prev) => (
+                prev.report.instance != report.instance,
+                report.seq.saturating_sub(prev.report.seq + 1),
+            ),
+        };
+        let missed = agent.as_ref().map_or(0, |p| p.missed) + gap;
+        *agent = Some(AgentState {
+            report,
+            received: Instant::now(),
+            missed,
+        });
+        ReportOutcome {
+            restarted,
+            missed: gap,
+        }
     }
 
     pub fn in_flight(&self) -> u32 {
@@ -161,13 +253,34 @@ impl Replica {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub fn status_json(&self) -> serde_json::Value {
+    pub fn status_json(&self, agents: Option<&AgentsConfig>) -> serde_json::Value {
+        let agent = self
+            .agent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(|s| {
+                serde_json::json!({
+                    "age_ms": s.received.elapsed().as_millis() as u64,
+                    "instance": s.report.instance,
+                    "seq": s.report.seq,
+                    "missed_reports": s.missed,
+                    "healthy": s.report.healthy,
+                    "running": s.report.running,
+                    "waiting": s.report.waiting,
+                    "kv_blocks_total": s.report.kv_blocks_total,
+                    "kv_usage": s.report.kv_usage(),
+                    "adapters": s.report.adapters,
+                })
+            });
         serde_json::json!({
             "id": self.name,
             "url": self.config.url,
             "healthy": self.healthy.load(Ordering::Acquire),
             "ejected": self.is_ejected(),
-            "available": self.is_available(),
+            "available": self.is_routable(agents),
+            "freshness": self.freshness(agents),
+            "agent": agent,
             "in_flight": self.in_flight(),
             "consecutive_failures": self.consecutive_failures.load(Ordering::Acquire),
             "models": self.models(),

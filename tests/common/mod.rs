@@ -52,7 +52,7 @@ pub fn kvgate() -> Command {
     cmd
 }
 
-fn spawn(mut cmd: Command, name: &str) -> Proc {
+pub fn spawn(mut cmd: Command, name: &str) -> Proc {
     let log = std::env::temp_dir().join(format!("kvgate-test-{name}-{}.log", std::process::id()));
     let file = std::fs::File::create(&log).unwrap();
     cmd.stdout(Stdio::null())

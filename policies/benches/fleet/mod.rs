@@ -43,6 +43,8 @@ pub fn setup(replicas: u32) -> (Policy, Vec<ReplicaView>, Vec<RequestFeatures>) 
             healthy: true,
             in_flight: i % 7,
             max_in_flight: None,
+            waiting: 0,
+            stale: false,
         })
         .collect();
     (policy, fleet, prompts)

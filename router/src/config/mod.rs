@@ -36,6 +36,45 @@ pub struct GatewayConfig {
     /// Honour `x-kvgate-debug: 1` with `x-kvgate-replica` and `x-kvgate-route` headers.
     #[serde(default = "defaults::yes")]
     pub debug_headers: bool,
+    /// Telemetry from agents (`POST /agent/report` on the admin listener). Off when absent.
+    #[serde(default)]
+    pub agents: Option<AgentsConfig>,
+}
+
+/// The agents' bearer token from `path` (surrounding whitespace trimmed; must not be empty).
+pub fn read_token(path: &std::path::Path) -> Result<String, String> {
+    let token = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let token = token.trim();
+    if token.is_empty() {
+        return Err(format!("{} is empty", path.display()));
+    }
+    Ok(token.to_string())
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentsConfig {
+    /// File holding the bearer token agents must present (read at load and at each reload).
+    pub token_file: std::path::PathBuf,
+    /// A replica whose agent has not reported for this long is scored down.
+    #[serde(default = "defaults::stale_after_ms")]
+    pub stale_after_ms: u64,
+    /// ... and for this long, excluded until it reports again.
+    #[serde(default = "defaults::exclude_after_ms")]
+    pub exclude_after_ms: u64,
+    /// `static`: reports update the replicas listed in `replicas` only; `open`: a report from
+    /// a replica not listed adds it to the fleet.
+    #[serde(default)]
+    pub join: JoinMode,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JoinMode {
+    #[default]
+    Static,
+    Open,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -166,5 +205,11 @@ mod defaults {
     }
     pub fn yes() -> bool {
         true
+    }
+    pub fn stale_after_ms() -> u64 {
+        1_000
+    }
+    pub fn exclude_after_ms() -> u64 {
+        5_000
     }
 }

@@ -75,8 +75,41 @@ pub(super) fn validate(c: &GatewayConfig) -> Vec<ConfigError> {
             format!("must be between 1 and 256, got {}", c.threads),
         );
     }
-    if c.replicas.is_empty() {
-        err("replicas".into(), "at least one replica is required".into());
+    let open = c
+        .agents
+        .as_ref()
+        .is_some_and(|a| a.join == super::JoinMode::Open);
+    if c.replicas.is_empty() && !open {
+        err(
+            "replicas".into(),
+            "at least one replica is required (or `agents.join: open`)".into(),
+        );
+    }
+    if let Some(a) = &c.agents {
+        if a.stale_after_ms == 0 {
+            err(
+                "agents.stale_after_ms".into(),
+                "must be greater than 0".into(),
+            );
+        }
+        if a.exclude_after_ms <= a.stale_after_ms {
+            err(
+                "agents.exclude_after_ms".into(),
+                format!(
+                    "must be greater than stale_after_ms ({}), got {}",
+                    a.stale_after_ms, a.exclude_after_ms
+                ),
+            );
+        }
+        if c.admin_listen.is_none() {
+            err(
+                "agents".into(),
+                "agents report to the admin listener: set `admin_listen`".into(),
+            );
+        }
+        if let Err(e) = super::read_token(&a.token_file) {
+            err("agents.token_file".into(), e);
+        }
     }
     let mut names = HashSet::new();
     for (i, r) in c.replicas.iter().enumerate() {
@@ -192,6 +225,34 @@ mod tests {
                 "policy.load_factor"
             ]
         );
+    }
+
+    #[test]
+    fn agent_settings_are_checked() {
+        let errs = parse_str(
+            "listen: \"127.0.0.1:1\"\nreplicas: []\nagents: {token_file: /nonexistent/token, stale_after_ms: 500, exclude_after_ms: 500}\n",
+        )
+        .unwrap_err();
+        let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "replicas",
+                "agents.exclude_after_ms",
+                "agents",
+                "agents.token_file"
+            ],
+            "{errs:?}"
+        );
+        // An open fleet may start empty.
+        let token = std::env::temp_dir().join(format!("kvgate-token-{}", std::process::id()));
+        std::fs::write(&token, "t0ken\n").unwrap();
+        let ok = parse_str(&format!(
+            "listen: \"127.0.0.1:1\"\nadmin_listen: \"127.0.0.1:2\"\nreplicas: []\nagents: {{token_file: {}, join: open}}\n",
+            token.display()
+        ));
+        assert!(ok.is_ok(), "{ok:?}");
+        assert_eq!(super::super::read_token(&token).unwrap(), "t0ken");
     }
 
     #[test]

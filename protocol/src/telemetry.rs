@@ -1,0 +1,97 @@
+//! The report an agent pushes to every gateway about its replica (`POST /agent/report` on the
+//! gateway's admin listener, `Authorization: Bearer TOKEN`), every 100 ms by default.
+
+use serde::{Deserialize, Serialize};
+
+/// The report format this build speaks; a gateway rejects other versions with 400.
+pub const TELEMETRY_VERSION: u32 = 1;
+
+/// Where a report is posted, on the gateway's admin listener.
+pub const REPORT_PATH: &str = "/agent/report";
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryReport {
+    pub version: u32,
+    /// The replica's name in the fleet (the agent's `--replica-id`, default its URL).
+    pub replica: String,
+    /// Where the gateway sends the replica's requests (`http://IP:PORT`).
+    pub url: String,
+    /// Changes whenever the worker process restarts: the gateway then forgets what it knew of
+    /// the replica's cache.
+    pub instance: u64,
+    /// Counts up by one per report from this agent; a gateway that sees a gap knows it missed
+    /// reports.
+    pub seq: u64,
+    /// The worker answers its health check.
+    pub healthy: bool,
+    pub models: Vec<String>,
+    /// LoRA adapters loaded, and slots free for more (`None`: the engine does not say).
+    #[serde(default)]
+    pub adapters: Vec<String>,
+    #[serde(default)]
+    pub adapter_slots_free: Option<u32>,
+    pub running: u32,
+    pub waiting: u32,
+    pub kv_blocks_total: u64,
+    pub kv_blocks_used: u64,
+    /// Tokens per KV block (0 when the engine does not say).
+    pub block_size: u32,
+}
+
+impl TelemetryReport {
+    /// Fraction of KV blocks in use (0 when the engine reports no blocks).
+    pub fn kv_usage(&self) -> f64 {
+        if self.kv_blocks_total == 0 {
+            0.0
+        } else {
+            self.kv_blocks_used as f64 / self.kv_blocks_total as f64
+        }
+    }
+}
+
+/// Compares a presented bearer token with the expected one in time that does not depend on
+/// where they differ (only on the presented length).
+pub fn token_matches(presented: &[u8], expected: &[u8]) -> bool {
+    let mut diff = u8::from(presented.len() != expected.len());
+    for (i, &p) in presented.iter().enumerate() {
+        diff |= p ^ expected.get(i).copied().unwrap_or(!p);
+    }
+    diff == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_match_only_when_equal() {
+        assert!(token_matches(b"s3cret", b"s3cret"));
+        assert!(!token_matches(b"s3cres", b"s3cret"));
+        assert!(!token_matches(b"s3cre", b"s3cret"));
+        assert!(!token_matches(b"s3cret!", b"s3cret"));
+        assert!(!token_matches(b"", b"s3cret"));
+        assert!(token_matches(b"", b""));
+    }
+
+    #[test]
+    fn reports_round_trip_and_reject_unknown_fields() {
+        let r = TelemetryReport {
+            version: TELEMETRY_VERSION,
+            replica: "gpu0".into(),
+            url: "http://127.0.0.1:9001".into(),
+            kv_blocks_total: 100,
+            kv_blocks_used: 25,
+            ..Default::default()
+        };
+        let json = serde_json::to_string(&r).unwrap_or_default();
+        assert_eq!(
+            serde_json::from_str::<TelemetryReport>(&json).ok(),
+            Some(r.clone())
+        );
+        assert_eq!(r.kv_usage(), 0.25);
+        let mut v: serde_json::Value = serde_json::from_str(&json).unwrap_or_default();
+        v["surprise"] = 1.into();
+        assert!(serde_json::from_value::<TelemetryReport>(v).is_err());
+    }
+}

@@ -1,0 +1,76 @@
+//! Reports from agents (`POST /agent/report` on the admin listener): authenticated with the
+//! bearer token of `agents.token_file`, compared in constant time; they update the replica's
+//! load, KV and health as its agent sees them, and with `agents.join: open` add replicas the
+//! config does not list. A report from a restarted worker voids what the gateway learnt about
+//! its cache.
+
+use crate::gateway::Gateway;
+use kvgate_protocol::telemetry::{token_matches, TelemetryReport, TELEMETRY_VERSION};
+use kvgate_protocol::{ApiError, ErrorKind};
+
+/// Handles one report; returns the status and JSON body to answer with.
+pub fn take_report(gateway: &Gateway, authorization: Option<&[u8]>, body: &[u8]) -> (u16, Vec<u8>) {
+    match accept(gateway, authorization, body) {
+        Ok(()) => (200, br#"{"status":"ok"}"#.to_vec()),
+        Err(e) => {
+            gateway
+                .metrics
+                .agent_reports
+                .with_label_values(&[if e.kind == ErrorKind::Unauthorized {
+                    "unauthorized"
+                } else {
+                    "rejected"
+                }])
+                .inc();
+            (e.kind.status(), e.to_json())
+        }
+    }
+}
+
+fn accept(gateway: &Gateway, authorization: Option<&[u8]>, body: &[u8]) -> Result<(), ApiError> {
+    let Some(token) = gateway.agent_token() else {
+        return Err(ApiError::new(
+            ErrorKind::NotFound,
+            "agent reports are off (the config has no `agents` section)",
+        ));
+    };
+    let presented = authorization
+        .and_then(|h| h.strip_prefix(b"Bearer "))
+        .unwrap_or_default();
+    if !token_matches(presented, token.as_bytes()) {
+        return Err(ApiError::new(
+            ErrorKind::Unauthorized,
+            "missing or wrong bearer token",
+        ));
+    }
+    let report: TelemetryReport = serde_json::from_slice(body)
+        .map_err(|e| ApiError::new(ErrorKind::InvalidRequest, format!("bad report: {e}")))?;
+    if report.version != TELEMETRY_VERSION {
+        return Err(ApiError::new(
+            ErrorKind::InvalidRequest,
+            format!(
+                "report version {} is not supported (this gateway speaks {TELEMETRY_VERSION})",
+                report.version
+            ),
+        ));
+    }
+    let replica = gateway.replica_for_report(&report)?;
+    let outcome = replica.record_report(report);
+    if outcome.restarted {
+        tracing::info!(replica = %replica.name, "worker restarted: forgetting its cached prefixes");
+        gateway.forget(&replica);
+    }
+    if outcome.missed > 0 {
+        gateway
+            .metrics
+            .agent_reports
+            .with_label_values(&["missed"])
+            .inc_by(outcome.missed);
+    }
+    gateway
+        .metrics
+        .agent_reports
+        .with_label_values(&["accepted"])
+        .inc();
+    Ok(())
+}

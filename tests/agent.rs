@@ -1,0 +1,262 @@
+//! `kvgate agent` with real processes on loopback: it supervises a sim worker, reports to the
+//! gateway (which lets it join the fleet), restarts the worker when it dies — the gateway
+//! excludes the replica meanwhile and takes it back with its new instance — and stops it
+//! gracefully on SIGTERM, after which the gateway marks it stale, then excluded. Reports
+//! without the right token get 401.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::*;
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "agent-test-token";
+
+fn token_file(port: u16) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("kvgate-test-token-{port}"));
+    std::fs::write(&path, format!("{TOKEN}\n")).unwrap();
+    path
+}
+
+fn agents_yaml(token: &std::path::Path, join: &str) -> String {
+    format!(
+        "agents:\n  token_file: \"{}\"\n  stale_after_ms: 400\n  exclude_after_ms: 1500\n  join: {join}\n",
+        token.display()
+    )
+}
+
+/// Child processes of `pid` (from /proc).
+fn children(pid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|s| {
+                    let after = &s[s.rfind(')')? + 2..];
+                    after.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
+}
+
+async fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn replica(gw: &Gateway, id: &str) -> Option<serde_json::Value> {
+    gw.replicas().await.into_iter().find(|r| r["id"] == id)
+}
+
+/// Polls the gateway until replica `id` satisfies `check`.
+async fn wait_replica(
+    gw: &Gateway,
+    id: &str,
+    what: &str,
+    check: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(r) = replica(gw, id).await {
+            if check(&r) {
+                return r;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}: {r:#}"
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: no replica {id}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_supervises_its_worker_and_the_gateway_follows() {
+    let admin_port = free_port();
+    let token = token_file(admin_port);
+    // No static replicas: the worker joins by reporting.
+    let (port, worker_port) = (free_port(), free_port());
+    let config = std::env::temp_dir().join(format!("kvgate-test-agent-{port}.yaml"));
+    std::fs::write(
+        &config,
+        format!(
+            "listen: \"127.0.0.1:{port}\"\nadmin_listen: \"127.0.0.1:{admin_port}\"\nreplicas: []\n{}",
+            agents_yaml(&token, "open")
+        ),
+    )
+    .unwrap();
+    let mut cmd = kvgate();
+    cmd.args(["gateway", "--config", config.to_str().unwrap()]);
+    let gw = Gateway {
+        proc: spawn(cmd, &format!("gateway-{port}")),
+        port,
+        admin_port,
+        config,
+    };
+    wait_ok(&format!("{}/health", gw.url())).await;
+
+    let worker_url = format!("http://127.0.0.1:{worker_port}");
+    let mut cmd = kvgate();
+    cmd.args([
+        "agent",
+        "--gateway",
+        &gw.admin(),
+        "--token-file",
+        token.to_str().unwrap(),
+        "--url",
+        &worker_url,
+        "--replica-id",
+        "w0",
+        "--interval-ms",
+        "50",
+        "--",
+        env!("CARGO_BIN_EXE_kvgate"),
+        "worker",
+        "--backend",
+        "sim",
+        "--port",
+        &worker_port.to_string(),
+        "--served-model-name",
+        MODEL,
+        "--time-scale",
+        "0.01",
+    ]);
+    let agent = spawn(cmd, &format!("agent-{worker_port}"));
+    let first = wait_replica(&gw, "w0", "w0 to join and be fresh", |r| {
+        r["freshness"] == "fresh" && r["available"] == true
+    })
+    .await;
+    let instance = first["agent"]["instance"].as_u64().unwrap();
+    assert_eq!(first["models"], serde_json::json!([MODEL]), "{first:#}");
+    let answer = send(
+        &client(),
+        &gw.url(),
+        "/v1/chat/completions",
+        &chat("hello agent", false),
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+
+    // Kill the worker: the gateway stops routing to it, the agent starts a new one.
+    let worker_pid = children(agent.child.id());
+    assert_eq!(
+        worker_pid.len(),
+        1,
+        "one worker under the agent: {worker_pid:?}"
+    );
+    std::process::Command::new("kill")
+        .args(["-KILL", &worker_pid[0].to_string()])
+        .status()
+        .unwrap();
+    wait_replica(&gw, "w0", "w0 excluded while its worker is down", |r| {
+        r["available"] == false
+    })
+    .await;
+    let back = wait_replica(&gw, "w0", "w0 back with a new instance", |r| {
+        r["available"] == true && r["agent"]["instance"].as_u64() != Some(instance)
+    })
+    .await;
+    let new_pid = children(agent.child.id());
+    assert_eq!(new_pid.len(), 1);
+    assert_ne!(new_pid[0], worker_pid[0], "a new worker process");
+    assert!(back["agent"]["healthy"] == true, "{back:#}");
+    let answer = send(
+        &client(),
+        &gw.url(),
+        "/v1/chat/completions",
+        &chat("hello again", false),
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+
+    // SIGTERM: the agent stops its worker gracefully and stops reporting.
+    agent.signal("TERM");
+    wait_for("the worker to stop", || {
+        std::net::TcpStream::connect(("127.0.0.1", worker_port)).is_err()
+    })
+    .await;
+    wait_replica(&gw, "w0", "w0 stale", |r| r["freshness"] == "stale").await;
+    wait_replica(&gw, "w0", "w0 excluded", |r| {
+        r["freshness"] == "excluded" && r["available"] == false
+    })
+    .await;
+}
+
+async fn report(
+    admin: &str,
+    auth: Option<&str>,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let mut req = client().post(format!("{admin}/agent/report")).json(body);
+    if let Some(a) = auth {
+        req = req.header("authorization", a);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_need_the_token_and_a_known_replica() {
+    let w = SimWorker::start(&["--time-scale", "0.01"]).await;
+    let token = token_file(w.port);
+    let gw = Gateway::start(&[&w], &agents_yaml(&token, "static")).await;
+    let good = serde_json::json!({
+        "version": 1, "replica": w.id(), "url": w.url(), "instance": 7, "seq": 1,
+        "healthy": true, "models": [MODEL], "running": 0, "waiting": 3,
+        "kv_blocks_total": 100, "kv_blocks_used": 10, "block_size": 16,
+    });
+    let bearer = format!("Bearer {TOKEN}");
+    for auth in [None, Some("Bearer wrong-token"), Some(TOKEN)] {
+        let (s, e) = report(&gw.admin(), auth, &good).await;
+        assert_eq!(s, 401, "{auth:?}: {e}");
+    }
+    assert!(
+        replica(&gw, &w.id()).await.unwrap()["agent"].is_null(),
+        "rejected reports are ignored"
+    );
+
+    let (s, e) = report(&gw.admin(), Some(&bearer), &good).await;
+    assert_eq!(s, 200, "{e}");
+    let r = replica(&gw, &w.id()).await.unwrap();
+    assert_eq!(r["agent"]["waiting"], 3, "{r:#}");
+    assert_eq!(r["freshness"], "fresh");
+
+    let mut unknown = good.clone();
+    unknown["replica"] = "elsewhere".into();
+    unknown["url"] = "http://127.0.0.1:1".into();
+    let (s, e) = report(&gw.admin(), Some(&bearer), &unknown).await;
+    assert_eq!(s, 404, "static fleets do not take new replicas: {e}");
+    let mut future = good.clone();
+    future["version"] = 2.into();
+    assert_eq!(report(&gw.admin(), Some(&bearer), &future).await.0, 400);
+    let mut extra = good.clone();
+    extra["surprise"] = true.into();
+    assert_eq!(report(&gw.admin(), Some(&bearer), &extra).await.0, 400);
+
+    // A gap in sequence numbers is counted; an unhealthy report excludes at once.
+    let mut later = good.clone();
+    later["seq"] = 5.into();
+    later["healthy"] = false.into();
+    assert_eq!(report(&gw.admin(), Some(&bearer), &later).await.0, 200);
+    let r = replica(&gw, &w.id()).await.unwrap();
+    assert_eq!(
+        (r["agent"]["missed_reports"].clone(), r["available"].clone()),
+        (3.into(), false.into()),
+        "{r:#}"
+    );
+    assert!(gw
+        .metrics()
+        .await
+        .contains("kvgate_agent_reports_total{result=\"unauthorized\"} 3"));
+}
