@@ -49,12 +49,12 @@ fn golden() -> Golden {
     }
 }
 
-fn backend(model: &ModelFile) -> CpuBackend {
+fn backend(model: &ModelFile, threads: usize) -> CpuBackend {
     CpuBackend::load(
         &default_model(),
         model,
         &CpuConfig {
-            threads: 1,
+            threads,
             kv_cache_bytes: 64 << 20,
             block_size: 16,
         },
@@ -95,7 +95,7 @@ fn prompts_tokenize_and_render_as_llama_cpp_does() {
 #[test]
 fn first_step_logits_equal_llama_cpp() {
     let model = ModelFile::open(&default_model()).unwrap();
-    let mut cpu = backend(&model);
+    let mut cpu = backend(&model, 1);
     let g = golden();
     let vocab = model.params.vocab_size;
     let params = SamplingParams::default();
@@ -137,8 +137,9 @@ fn first_step_logits_equal_llama_cpp() {
 fn greedy_continuations_equal_llama_cpp() {
     let model = ModelFile::open(&default_model()).unwrap();
     let g = golden();
-    // All 20 at once: batching (and chunked prefill) must not change any request's tokens.
-    let mut e = engine(&model);
+    // All 20 at once, on two threads: batching, chunked prefill and threading must not change
+    // any request's tokens.
+    let mut e = engine(&model, 2);
     for (n, case) in g.cases.iter().enumerate() {
         e.add_request(NewRequest {
             id: n as u64,
@@ -171,7 +172,7 @@ fn greedy_continuations_equal_llama_cpp() {
     );
 }
 
-fn engine(model: &ModelFile) -> Engine<CpuBackend> {
+fn engine(model: &ModelFile, threads: usize) -> Engine<CpuBackend> {
     let config = EngineConfig {
         block_size: 16,
         num_blocks: None,
@@ -185,7 +186,7 @@ fn engine(model: &ModelFile) -> Engine<CpuBackend> {
         hash_seed: HashSeed::new("test", None, ""),
         eos_token_ids: model.tokenizer.eos_token_id.into_iter().collect(),
     };
-    Engine::new(config, backend(model))
+    Engine::new(config, backend(model, threads))
 }
 
 fn greedy(max_tokens: u32) -> SamplingParams {
@@ -213,7 +214,7 @@ fn run(e: &mut Engine<CpuBackend>) -> std::collections::HashMap<u64, Vec<u32>> {
 fn a_prompt_gives_the_same_greedy_output_alone_or_among_16_others() {
     let model = ModelFile::open(&default_model()).unwrap();
     let g = golden();
-    let mut batch = engine(&model);
+    let mut batch = engine(&model, 1);
     for (n, case) in g.cases.iter().take(17).enumerate() {
         batch
             .add_request(NewRequest {
@@ -225,7 +226,7 @@ fn a_prompt_gives_the_same_greedy_output_alone_or_among_16_others() {
             .unwrap();
     }
     let batched = run(&mut batch);
-    let mut alone = engine(&model);
+    let mut alone = engine(&model, 1);
     alone
         .add_request(NewRequest {
             id: 3,

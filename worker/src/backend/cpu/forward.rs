@@ -10,6 +10,7 @@ use super::matmul::Matmul;
 use super::quant::Q8Row;
 use super::weights::Weights;
 use crate::backend::BatchSlice;
+use rayon::prelude::*;
 
 /// Reusable buffers, grown to the largest step seen (no allocation per step after warm-up).
 #[derive(Default)]
@@ -24,14 +25,27 @@ struct Scratch {
     up: Vec<f32>,
     acts: Vec<Q8Row>,
     matmul: Vec<f32>,
-    scores: Vec<f32>,
-    lanes: Vec<f32>,
+    /// Per token of the step: which offsets it attends over, and in which summation order.
+    attention_jobs: Vec<AttentionJob>,
     rope: Vec<(f32, f32)>,
     positions: Vec<usize>,
     offsets: Vec<usize>,
     /// (slice index, token row) of the tokens whose logits are needed.
     sample_rows: Vec<(usize, usize)>,
     logits: Vec<f32>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct AttentionJob {
+    first: usize,
+    visible: usize,
+    order: SumOrder,
+}
+
+thread_local! {
+    /// Scores and lanes of the attention running on this thread (grown once, then reused).
+    static ATTENTION_SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// The logits of one step: for the `j`-th sampling slice, `slice(j)`.
@@ -136,6 +150,25 @@ impl Forward {
                 s.sample_rows.push((i, t - 1));
             }
         }
+        // The KV-cache offsets each token attends to (its request's positions up to its own):
+        // one list per slice, each token a prefix of it. Block tables do not change within a
+        // step, so this serves every layer.
+        s.offsets.clear();
+        s.attention_jobs.clear();
+        for slice in batch {
+            let first = s.offsets.len();
+            let order = SumOrder::for_slice(slice);
+            for pos in 0..slice.start + slice.len {
+                s.offsets.extend(self.kv.offset(slice.block_table, pos));
+                if pos >= slice.start {
+                    s.attention_jobs.push(AttentionJob {
+                        first,
+                        visible: s.offsets.len() - first,
+                        order,
+                    });
+                }
+            }
+        }
         s.rope.clear();
         for &pos in &s.positions {
             // llama.cpp's angle cache: multiplied up pair by pair, not computed by powers.
@@ -202,38 +235,44 @@ impl Forward {
             for v in q.iter_mut() {
                 *v = half::f16::from_f32(*v).to_f32();
             }
-            let mut t = 0;
-            for slice in batch {
-                let order = SumOrder::for_slice(slice);
-                // Cache offsets of the positions attended so far, grown one per token.
-                s.offsets.clear();
-                s.offsets
-                    .extend((0..slice.start).filter_map(|j| self.kv.offset(slice.block_table, j)));
-                for pos in slice.start..slice.start + slice.len {
-                    s.offsets.extend(self.kv.offset(slice.block_table, pos));
-                    let scores = grow(&mut s.scores, s.offsets.len());
-                    let lanes = grow(&mut s.lanes, attention::lanes_len(hd));
+            let attend_token = |t: usize, out: &mut [f32]| {
+                let job = s.attention_jobs[t];
+                let offsets = &s.offsets[job.first..job.first + job.visible];
+                ATTENTION_SCRATCH.with(|cell| {
+                    let (scores, lanes) = &mut *cell.borrow_mut();
+                    let scores = grow(scores, offsets.len());
+                    let lanes = grow(lanes, attention::lanes_len(hd));
                     for head in 0..p.heads {
                         let inputs = HeadInputs {
                             k_cache: kc,
                             v_cache: vc,
-                            offsets: &s.offsets,
+                            offsets,
                             kv_head: (head / group) * hd,
                             scale,
-                            order,
+                            order: job.order,
                         };
-                        let at = t * q_dim + head * hd;
                         attention::attend(
                             self.isa,
                             &inputs,
-                            &q[at..at + hd],
+                            &q[t * q_dim + head * hd..t * q_dim + (head + 1) * hd],
                             scores,
                             lanes,
-                            &mut att[at..at + hd],
+                            &mut out[head * hd..(head + 1) * hd],
                         );
                     }
-                    t += 1;
-                }
+                });
+            };
+            // Tokens attend independently: spread them over the threads.
+            match self.pool.as_ref() {
+                Some(pool) if tokens > 1 => pool.install(|| {
+                    att.par_chunks_mut(q_dim)
+                        .enumerate()
+                        .for_each(|(t, out)| attend_token(t, out))
+                }),
+                _ => att
+                    .chunks_mut(q_dim)
+                    .enumerate()
+                    .for_each(|(t, out)| attend_token(t, out)),
             }
             for t in 0..tokens {
                 s.acts[t].quantize(&att[t * q_dim..(t + 1) * q_dim]);

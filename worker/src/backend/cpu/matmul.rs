@@ -85,7 +85,7 @@ impl Matmul<'_> {
 }
 
 /// Rows `first..` of a quantised matrix (as many as `dst` holds, `tokens` values each) against
-/// every activation: 4 tokens by 2 rows at a time, then the remaining tokens 4 rows at a time.
+/// every activation: 4 tokens by 2 rows at a time, then the remaining tokens row by row.
 fn quantized_rows<'w>(
     isa: Isa,
     kind: WeightType,
@@ -120,26 +120,12 @@ fn quantized_rows<'w>(
             dst[i * tokens + t..i * tokens + t + 4].copy_from_slice(&out[0]);
         }
     }
+    // Single tokens row by row: at batch 1 the product is bound by memory, where grouping rows
+    // measured no faster.
     for t in whole..tokens {
-        let a = [&acts[t]];
-        let mut i = 0;
-        while i + 4 <= n {
-            let rows = [
-                row(first + i),
-                row(first + i + 1),
-                row(first + i + 2),
-                row(first + i + 3),
-            ];
-            let mut out = [[0.0; 1]; 4];
-            tile(isa, kind, &rows, &a, &mut out);
-            for (k, o) in out.iter().enumerate() {
-                dst[(i + k) * tokens + t] = o[0];
-            }
-            i += 4;
-        }
-        for i in i..n {
+        for i in 0..n {
             let mut out = [[0.0; 1]; 1];
-            tile(isa, kind, &[row(first + i)], &a, &mut out);
+            tile(isa, kind, &[row(first + i)], &[&acts[t]], &mut out);
             dst[i * tokens + t] = out[0][0];
         }
     }
