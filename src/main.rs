@@ -1,5 +1,7 @@
 //! The `kvgate` command line: thin wrappers around the crates.
 
+mod up;
+
 use clap::{Parser, Subcommand};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -55,6 +57,29 @@ enum Command {
         /// The worker command to supervise; none to attach to `--url`.
         #[arg(last = true)]
         command: Vec<String>,
+    },
+    /// Run a local fleet: a gateway and N workers, each under an agent (workers join the
+    /// fleet by reporting). Ctrl-C stops it all.
+    Up {
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+        #[arg(long, value_enum, default_value = "cpu")]
+        backend: Backend,
+        /// The gateway's port (its admin API listens on the next one unless set).
+        #[arg(long, default_value_t = 8080)]
+        port: u16,
+        #[arg(long)]
+        admin_port: Option<u16>,
+        /// Worker `i` listens on this port plus `i`.
+        #[arg(long, default_value_t = 9001)]
+        first_worker_port: u16,
+        /// CPU backend: threads per worker.
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        #[arg(long, default_value = DEFAULT_MODEL)]
+        model: PathBuf,
+        #[arg(long, default_value = "smollm2")]
+        served_model_name: String,
     },
     /// Run an inference worker: the engine behind an OpenAI-compatible server.
     Worker {
@@ -195,6 +220,36 @@ fn run(command: Command) -> Result<(), String> {
                 .build()
                 .map_err(|e| format!("runtime: {e}"))?
                 .block_on(kvgate_agent::run(config))
+        }
+        Command::Up {
+            workers,
+            backend,
+            port,
+            admin_port,
+            first_worker_port,
+            threads,
+            model,
+            served_model_name,
+        } => {
+            if !model.exists() {
+                return Err(format!(
+                    "model file {} not found (scripts/fetch-model fetches the default)",
+                    model.display()
+                ));
+            }
+            up::run(up::UpConfig {
+                workers,
+                backend: match backend {
+                    Backend::Cpu => "cpu".into(),
+                    Backend::Sim => "sim".into(),
+                },
+                port,
+                admin_port: admin_port.unwrap_or(port.wrapping_add(1)),
+                first_worker_port,
+                threads: threads.max(1),
+                model,
+                served_model_name,
+            })
         }
         Command::Worker {
             backend,
