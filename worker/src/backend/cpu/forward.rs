@@ -11,6 +11,7 @@ use super::quant::Q8Row;
 use super::weights::Weights;
 use crate::backend::BatchSlice;
 use rayon::prelude::*;
+use std::sync::Arc;
 
 /// Reusable buffers, grown to the largest step seen (no allocation per step after warm-up).
 #[derive(Default)]
@@ -69,7 +70,7 @@ pub struct Forward {
     pub weights: Weights,
     pub kv: KvCache,
     isa: Isa,
-    pool: Option<rayon::ThreadPool>,
+    pool: Option<Arc<rayon::ThreadPool>>,
     scratch: Scratch,
     /// Each RoPE pair's angle per position step, as a ratio to the previous pair's.
     theta_scale: f32,
@@ -105,7 +106,7 @@ impl Forward {
             weights,
             kv,
             isa,
-            pool,
+            pool: pool.map(Arc::new),
             scratch: Scratch::default(),
             theta_scale,
         }
@@ -118,6 +119,26 @@ impl Forward {
     /// Runs the batch; returns the logits of the slices that sample (in buffers reused by the
     /// next step).
     pub fn run(&mut self, batch: &[BatchSlice<'_>]) -> Logits<'_> {
+        // The whole pass runs on a pool thread: each parallel product then forks from inside
+        // the pool (cheap) instead of waking the pool from outside (a sleep and a wake-up per
+        // product, which at batch 1 cost as much as the second thread saved).
+        match self.pool.clone() {
+            Some(pool) => pool.install(|| self.run_here(batch)),
+            None => self.run_here(batch),
+        }
+        self.logits()
+    }
+
+    fn logits(&self) -> Logits<'_> {
+        let s = &self.scratch;
+        Logits {
+            slices: &s.sample_rows,
+            values: &s.logits[..s.sample_rows.len() * self.weights.head().rows],
+            vocab: self.weights.head().rows,
+        }
+    }
+
+    fn run_here(&mut self, batch: &[BatchSlice<'_>]) {
         let p = self.weights.params.clone();
         let (h, hd) = (p.hidden, p.head_dim);
         let (q_dim, kv_dim) = (p.heads * hd, p.kv_heads * hd);
@@ -126,7 +147,7 @@ impl Forward {
         let s = &mut self.scratch;
         let mm = Matmul {
             isa: self.isa,
-            pool: self.pool.as_ref(),
+            pool: self.pool.as_deref(),
         };
         if s.acts.len() < tokens {
             s.acts.resize_with(tokens, Q8Row::default);
@@ -325,10 +346,5 @@ impl Forward {
         let head = self.weights.head();
         let logits = grow(&mut s.logits, n * head.rows);
         mm.run(head, &s.acts, normed, n, logits, &mut s.matmul);
-        Logits {
-            slices: &s.sample_rows,
-            values: logits,
-            vocab: head.rows,
-        }
     }
 }

@@ -6,8 +6,9 @@ use super::quant::{Q8Row, WeightType, QK};
 use super::weights::{Matrix, MatrixData};
 use rayon::prelude::*;
 
-/// Output rows computed per task.
-const ROWS_PER_TASK: usize = 64;
+/// Output rows computed per task (small enough that a batch-1 product of 576 rows splits evenly
+/// over the threads).
+const ROWS_PER_TASK: usize = 16;
 
 /// Where matrix products run: the kernel set and the thread pool (none: this thread).
 #[derive(Clone, Copy)]
