@@ -84,7 +84,7 @@ pub fn run(config: UpConfig) -> Result<(), String> {
             "\nkvgate fleet is up: {} {} worker(s) under agents, model `{}`\n  endpoint: http://127.0.0.1:{}/v1\n  replicas: curl -s {admin}/admin/replicas\n  metrics:  curl -s http://127.0.0.1:{}/metrics\nCtrl-C stops it.",
             config.workers, config.backend, config.served_model_name, config.port, config.port
         );
-        wait_for_signal().await;
+        kvgate_agent::shutdown_signal().await;
         Ok::<(), String>(())
     })?;
     stop(&mut children);
@@ -170,21 +170,6 @@ async fn wait_until_ready(
             return Err("the fleet did not come up within 120 s".into());
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
     }
 }
 

@@ -7,4 +7,4 @@ pub mod http;
 pub mod push;
 pub mod supervisor;
 
-pub use push::{run, AgentConfig};
+pub use push::{run, shutdown_signal, AgentConfig};

@@ -167,16 +167,8 @@ fn dot(order: SumOrder, a: &[f32], b: &[f32]) -> f32 {
 #[inline(always)]
 fn reduce(order: SumOrder, acc: &[f32]) -> f32 {
     match order {
-        // tinyBLAS `hsum`: halves, then pairs, then the last two.
-        SumOrder::Prompt => {
-            let h = [
-                acc[0] + acc[4],
-                acc[1] + acc[5],
-                acc[2] + acc[6],
-                acc[3] + acc[7],
-            ];
-            (h[0] + h[2]) + (h[1] + h[3])
-        }
+        // tinyBLAS's `hsum`.
+        SumOrder::Prompt => ggml_math::hsum8(&acc[..8]),
         // GGML_F32x8_REDUCE: chunk 0+2 and 1+3, then those two, then halves and two hadds.
         SumOrder::Decode => {
             let mut x = [0.0f32; 8];

@@ -40,9 +40,10 @@ pub fn ggml_expf(x: f32) -> f32 {
     s2.mul_add(j, s2) * s1
 }
 
-/// Sums 8 lanes as ggml's `hsum_float_8` does: halves, then pairs, then the last two.
+/// Sums 8 lanes as ggml's `hsum_float_8` (and tinyBLAS's `hsum`) does: halves, then pairs,
+/// then the last two.
 #[inline(always)]
-fn hsum8(v: &[f32]) -> f32 {
+pub fn hsum8(v: &[f32]) -> f32 {
     let h = [v[0] + v[4], v[1] + v[5], v[2] + v[6], v[3] + v[7]];
     (h[0] + h[2]) + (h[1] + h[3])
 }

@@ -3,6 +3,7 @@
 //! order), scaled into 8 float accumulators with fused multiply-adds, then summed in
 //! `hsum_float_8`'s order.
 
+use super::super::ggml_math::hsum8;
 use super::super::quant::{Q8Row, QK};
 use super::QuantRow;
 
@@ -12,17 +13,6 @@ fn accumulate(acc: &mut [f32; 8], w: impl Fn(usize) -> i32, a: &[i8], scale: f32
         let sum: i32 = (4 * k..4 * k + 4).map(|j| w(j) * i32::from(a[j])).sum();
         *lane = (sum as f32).mul_add(scale, *lane);
     }
-}
-
-/// ggml's `hsum_float_8`: halves, then pairs, then the last two.
-fn hsum(acc: &[f32; 8]) -> f32 {
-    let h = [
-        acc[0] + acc[4],
-        acc[1] + acc[5],
-        acc[2] + acc[6],
-        acc[3] + acc[7],
-    ];
-    (h[0] + h[2]) + (h[1] + h[3])
 }
 
 pub fn q4_1_q8_1(w: QuantRow<'_>, act: &Q8Row) -> f32 {
@@ -46,7 +36,7 @@ pub fn q4_1_q8_1(w: QuantRow<'_>, act: &Q8Row) -> f32 {
         );
         offsets = w.m[b].mul_add(act.s[b], offsets);
     }
-    hsum(&acc) + offsets
+    hsum8(&acc) + offsets
 }
 
 pub fn q4_0_q8_0(w: QuantRow<'_>, act: &Q8Row) -> f32 {
@@ -67,7 +57,7 @@ pub fn q4_0_q8_0(w: QuantRow<'_>, act: &Q8Row) -> f32 {
             w.d[b] * act.d[b],
         );
     }
-    hsum(&acc)
+    hsum8(&acc)
 }
 
 pub fn q8_0_q8_0(w: QuantRow<'_>, act: &Q8Row) -> f32 {
@@ -82,5 +72,5 @@ pub fn q8_0_q8_0(w: QuantRow<'_>, act: &Q8Row) -> f32 {
             w.d[b] * act.d[b],
         );
     }
-    hsum(&acc)
+    hsum8(&acc)
 }
