@@ -189,3 +189,62 @@ async fn distinct_cold_prefixes_spread_within_the_load_factor() {
         "a replica took more than {cap}: {landed:?}"
     );
 }
+
+/// A conversation keeps its replica: ten turns whose prompts share nothing (so neither prefix
+/// nor ring would keep them together) stay on one replica when they name a session, by the
+/// `x-session-id` header or the `user` field; without one they spread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ten_turn_conversation_keeps_its_replica() {
+    let (a, b, c) = (
+        Worker::start(&[]).await,
+        Worker::start(&[]).await,
+        Worker::start(&[]).await,
+    );
+    let gw = Gateway::start(&[&a, &b, &c], "").await;
+    let http = client();
+    let prompt = |turn: usize| {
+        completion(
+            &format!("{turn} unrelated question number {}", turn * 7919),
+            false,
+        )
+    };
+    let mut spread = std::collections::HashSet::new();
+    for turn in 0..10 {
+        spread.insert(
+            send(&http, &gw.url(), "/v1/completions", &prompt(turn))
+                .await
+                .replica,
+        );
+    }
+    assert!(
+        spread.len() >= 2,
+        "without a session the turns spread: {spread:?}"
+    );
+
+    for (name, how) in [("conv-header", "header"), ("conv-user", "user")] {
+        let mut replicas = Vec::new();
+        for turn in 0..10 {
+            let mut body = prompt(turn);
+            let mut req = http
+                .post(format!("{}/v1/completions", gw.url()))
+                .header("x-kvgate-debug", "1");
+            if how == "header" {
+                req = req.header("x-session-id", name);
+            } else {
+                body["user"] = name.into();
+            }
+            let r = req.json(&body).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            replicas.push(
+                r.headers()["x-kvgate-replica"]
+                    .to_str()
+                    .unwrap()
+                    .to_string(),
+            );
+        }
+        assert!(
+            replicas.iter().all(|r| *r == replicas[0]),
+            "{how}: {replicas:?}"
+        );
+    }
+}

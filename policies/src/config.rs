@@ -20,6 +20,10 @@ pub struct PolicyConfig {
     pub chunk_bytes: usize,
     /// Text mode: chunk hashes remembered per replica (least recently used dropped first).
     pub prefix_capacity: usize,
+    /// A session keeps its replica while it sends a request at least this often.
+    pub session_ttl_ms: u64,
+    /// Sessions remembered at most (idle ones are forgotten first).
+    pub session_capacity: usize,
 }
 
 impl Default for PolicyConfig {
@@ -31,6 +35,8 @@ impl Default for PolicyConfig {
             ring_key_chunks: 4,
             chunk_bytes: 256,
             prefix_capacity: 100_000,
+            session_ttl_ms: 600_000,
+            session_capacity: 100_000,
         }
     }
 }
@@ -48,6 +54,8 @@ pub struct Weights {
     pub load: f64,
     /// 1 unless the replica's agent reports are stale (then 0).
     pub fresh: f64,
+    /// 1 for the replica the request's session is bound to, unless it is saturated.
+    pub session: f64,
 }
 
 impl Default for Weights {
@@ -57,6 +65,7 @@ impl Default for Weights {
             ring: 1.0,
             load: 1.0,
             fresh: 1.0,
+            session: 5.0,
         }
     }
 }
@@ -98,11 +107,25 @@ impl PolicyConfig {
                 self.prefix_capacity
             ),
         );
+        check(
+            self.session_ttl_ms >= 1,
+            "session_ttl_ms",
+            "must be at least 1, got 0".into(),
+        );
+        check(
+            (1..=100_000_000).contains(&self.session_capacity),
+            "session_capacity",
+            format!(
+                "must be between 1 and 100000000, got {}",
+                self.session_capacity
+            ),
+        );
         for (name, w) in [
             ("prefix", self.weights.prefix),
             ("ring", self.weights.ring),
             ("load", self.weights.load),
             ("fresh", self.weights.fresh),
+            ("session", self.weights.session),
         ] {
             check(
                 w.is_finite() && w >= 0.0,

@@ -34,4 +34,8 @@ pub struct RequestFeatures {
     pub prefix_chunks: Vec<u64>,
     /// Key of the cold-prefix owner on the consistent-hash ring.
     pub ring_key: u64,
+    /// Hash of the session the request belongs to (`x-session-id` header, else `user`).
+    pub session: Option<u64>,
+    /// The gateway's clock (ms since it started): session bindings expire by it.
+    pub now_ms: u64,
 }

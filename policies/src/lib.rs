@@ -1,6 +1,6 @@
 //! Pure routing decisions: request features and a fleet view in, a ranked list of replicas with
-//! a per-signal breakdown out. No I/O, no clocks, no async: the gateway and the fleet simulator
-//! call the same code.
+//! a per-signal breakdown out. No I/O, no clocks (the caller passes its time in the features),
+//! no async: the gateway and the fleet simulator call the same code.
 
 pub mod config;
 mod fleet;
@@ -8,6 +8,7 @@ mod lru;
 mod prefix_index;
 mod ring;
 mod select;
+mod sessions;
 
 pub use config::{PolicyConfig, Weights};
 pub use fleet::{FleetView, ReplicaId, ReplicaView, RequestFeatures};

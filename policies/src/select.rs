@@ -1,5 +1,6 @@
 //! Selection: filter, score, rank.
 
+use crate::sessions::SessionTable;
 use crate::{ApproxPrefixIndex, FleetView, HashRing, PolicyConfig, ReplicaId, RequestFeatures};
 use serde::Serialize;
 
@@ -10,6 +11,7 @@ pub struct Signals {
     pub ring: f64,
     pub load: f64,
     pub fresh: f64,
+    pub session: f64,
 }
 
 /// One ranked replica and why it got its score.
@@ -41,6 +43,7 @@ pub struct Policy {
     config: PolicyConfig,
     ring: HashRing,
     prefix: ApproxPrefixIndex,
+    sessions: SessionTable,
     members: Vec<(ReplicaId, String)>,
 }
 
@@ -53,6 +56,7 @@ impl Policy {
             config,
             ring: HashRing::default(),
             prefix,
+            sessions: SessionTable::default(),
             members: Vec::new(),
         }
     }
@@ -81,6 +85,7 @@ impl Policy {
         for (old, _) in &self.members {
             if !members.iter().any(|(id, _)| id == old) {
                 self.prefix.clear_replica(*old);
+                self.sessions.forget_replica(*old);
             }
         }
         self.members = members
@@ -95,9 +100,19 @@ impl Policy {
         self.prefix.clear_replica(replica);
     }
 
-    /// Learns that `replica` was sent this request's prefix.
+    /// Learns that `replica` was sent this request's prefix (and now serves its session).
     pub fn record(&mut self, replica: ReplicaId, features: &RequestFeatures) {
         self.prefix.insert(replica, &features.prefix_chunks);
+        if let Some(session) = features.session {
+            let c = &self.config;
+            self.sessions.bind(
+                session,
+                replica,
+                features.now_ms,
+                c.session_ttl_ms,
+                c.session_capacity,
+            );
+        }
     }
 
     pub fn prefix_index(&self) -> &ApproxPrefixIndex {
@@ -170,6 +185,10 @@ impl Policy {
             self.prefix.overlaps(&features.prefix_chunks)
         };
         let w = &self.config.weights;
+        let bound = features.session.and_then(|s| {
+            self.sessions
+                .get(s, features.now_ms, self.config.session_ttl_ms)
+        });
         let mut ranked: Vec<Candidate> = fleet
             .replicas
             .iter()
@@ -192,13 +211,20 @@ impl Policy {
                         - f64::from(r.in_flight.saturating_add(r.waiting))
                             / (f64::from(max_load) + 1.0),
                     fresh: if r.stale { 0.0 } else { 1.0 },
+                    // Stickiness yields only to saturation.
+                    session: if bound == Some(r.id) && !is_saturated {
+                        1.0
+                    } else {
+                        0.0
+                    },
                 };
                 Candidate {
                     replica: r.id,
                     total: w.prefix * signals.prefix
                         + w.ring * signals.ring
                         + w.load * signals.load
-                        + w.fresh * signals.fresh,
+                        + w.fresh * signals.fresh
+                        + w.session * signals.session,
                     signals,
                     ring_rank: rank[i],
                     saturated: is_saturated,
@@ -252,7 +278,39 @@ mod tests {
         RequestFeatures {
             prefix_chunks: chunks.to_vec(),
             ring_key: key,
+            ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_session_keeps_its_replica_until_saturation_or_expiry() {
+        let mut p = policy(4);
+        let mut fleet = view(&[0, 0, 0, 0]);
+        let turn = |key: u64, now_ms: u64| RequestFeatures {
+            session: Some(77),
+            now_ms,
+            ..features(key, &[key])
+        };
+        let first = p.select(&turn(1, 0), FleetView { replicas: &fleet });
+        let home = first.ranked[0].replica;
+        p.record(home, &turn(1, 0));
+        // Unrelated prompts (other ring owners, no shared prefix) follow the session.
+        for (i, key) in (2..12u64).enumerate() {
+            let f = turn(key * 7919, 1000 * i as u64);
+            let d = p.select(&f, FleetView { replicas: &fleet });
+            assert_eq!(d.ranked[0].replica, home, "turn {i}");
+            assert_eq!(d.ranked[0].signals.session, 1.0);
+            p.record(home, &f);
+        }
+        // Saturated: the session yields.
+        fleet[home.0 as usize].in_flight = 10;
+        let d = p.select(&turn(5, 20_000), FleetView { replicas: &fleet });
+        assert_ne!(d.ranked[0].replica, home);
+        // Idle past the TTL: the binding is gone.
+        fleet[home.0 as usize].in_flight = 0;
+        let late = 20_000 + p.config().session_ttl_ms;
+        let d = p.select(&turn(5, late), FleetView { replicas: &fleet });
+        assert!(d.ranked.iter().all(|c| c.signals.session == 0.0));
     }
 
     #[test]

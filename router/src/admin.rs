@@ -131,7 +131,7 @@ fn explain(gateway: &Gateway, body: &[u8]) -> (u16, Vec<u8>) {
         Endpoint::Completions
     };
     let snap = gateway.snapshot();
-    let result = request::parse(endpoint, body, &snap.config.policy)
+    let result = request::parse(endpoint, body, &snap.config.policy, None, gateway.now_ms())
         .and_then(|routed| gateway.explain(&routed.model, &routed.features));
     match result {
         Ok(v) => (200, json(&v)),

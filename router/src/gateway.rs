@@ -40,6 +40,8 @@ pub struct Gateway {
     agent_token: RwLock<Option<String>>,
     /// Replicas that joined by reporting (`agents.join: open`), kept across reloads.
     joined: Mutex<Vec<config::ReplicaConfig>>,
+    /// The clock routing state (session bindings) is kept by.
+    epoch: Instant,
     policy: Mutex<Policy>,
     pub metrics: Metrics,
     pub connector: Connector,
@@ -72,6 +74,7 @@ impl Gateway {
             current: RwLock::new(Arc::new(Snapshot { config, replicas })),
             agent_token: RwLock::new(token),
             joined: Mutex::new(Vec::new()),
+            epoch: Instant::now(),
             policy: Mutex::new(policy),
             metrics,
             connector: Connector::new(None),
@@ -125,6 +128,11 @@ impl Gateway {
         self.sync_policy_members();
         tracing::info!("configuration reloaded");
         Ok(())
+    }
+
+    /// Milliseconds since the gateway started.
+    pub fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
     }
 
     /// The token agents must present, when agent reports are on.

@@ -13,6 +13,7 @@ pub fn prompt(i: usize) -> RequestFeatures {
     RequestFeatures {
         ring_key: chunks[0],
         prefix_chunks: chunks,
+        ..RequestFeatures::default()
     }
 }
 

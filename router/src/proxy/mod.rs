@@ -165,7 +165,16 @@ impl ProxyApp {
                 return Outcome::Close;
             }
         };
-        let routed = match request::parse(endpoint, &body, &snapshot.config.policy) {
+        let session_id = session
+            .get_header("x-session-id")
+            .map(|v| v.as_bytes().to_vec());
+        let routed = match request::parse(
+            endpoint,
+            &body,
+            &snapshot.config.policy,
+            session_id.as_deref(),
+            gateway.now_ms(),
+        ) {
             Ok(r) => r,
             Err(error) => return self.reject(session, route_label, error, request_id).await,
         };

@@ -11,10 +11,14 @@ pub struct RoutedRequest {
     pub features: RequestFeatures,
 }
 
+/// `session_header` is the request's `x-session-id`; without one, the body's `user` names the
+/// session. `now_ms` is the gateway's clock.
 pub fn parse(
     endpoint: Endpoint,
     body: &[u8],
     policy: &PolicyConfig,
+    session_header: Option<&[u8]>,
+    now_ms: u64,
 ) -> Result<RoutedRequest, ApiError> {
     let request = GenerationRequest::parse(endpoint, body)?;
     let text = match (&request.messages, &request.prompt) {
@@ -33,8 +37,16 @@ pub fn parse(
         (_, Some(prompt)) => prompt_bytes(prompt),
         _ => Vec::new(),
     };
+    let session = session_header
+        .filter(|h| !h.is_empty())
+        .or(request.user.as_deref().map(str::as_bytes))
+        .map(|key| xxh3_64_with_seed(key, HashSeed::new(&request.model, None, "session").0));
     Ok(RoutedRequest {
-        features: features(&request.model, &text, policy),
+        features: RequestFeatures {
+            session,
+            now_ms,
+            ..features(&request.model, &text, policy)
+        },
         model: request.model,
     })
 }
@@ -51,6 +63,7 @@ pub fn features(model: &str, text: &[u8], policy: &PolicyConfig) -> RequestFeatu
     RequestFeatures {
         prefix_chunks,
         ring_key,
+        ..RequestFeatures::default()
     }
 }
 
@@ -73,7 +86,7 @@ mod tests {
     use super::*;
 
     fn err(endpoint: Endpoint, body: &str) -> ApiError {
-        parse(endpoint, body.as_bytes(), &PolicyConfig::default()).unwrap_err()
+        parse(endpoint, body.as_bytes(), &PolicyConfig::default(), None, 0).unwrap_err()
     }
 
     #[test]
