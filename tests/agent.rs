@@ -260,3 +260,63 @@ async fn reports_need_the_token_and_a_known_replica() {
         .await
         .contains("kvgate_agent_reports_total{result=\"unauthorized\"} 3"));
 }
+
+/// Reported KV pressure or a long queue saturates a replica: its shared-prefix requests spill
+/// to another replica and come back once it recovers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_or_queue_pressure_spills_a_prefix_and_recovery_brings_it_back() {
+    let (a, b) = (Worker::start(&[]).await, Worker::start(&[]).await);
+    let token = token_file(a.port);
+    // Long thresholds: these hand-made reports must stay fresh for the whole test.
+    let yaml = format!(
+        "agents:\n  token_file: \"{}\"\n  stale_after_ms: 60000\n  exclude_after_ms: 120000\n",
+        token.display()
+    );
+    let gw = Gateway::start(&[&a, &b], &yaml).await;
+    let bearer = format!("Bearer {TOKEN}");
+    let mut seq = 0;
+    let mut report_for = |w: &Worker, used: u64, waiting: u32| {
+        seq += 1;
+        serde_json::json!({
+            "version": 1, "replica": w.id(), "url": w.url(), "instance": 1, "seq": seq,
+            "healthy": true, "models": [MODEL], "running": 0, "waiting": waiting,
+            "kv_blocks_total": 100, "kv_blocks_used": used, "block_size": 16,
+        })
+    };
+    for w in [&a, &b] {
+        let r = report_for(w, 10, 0);
+        assert_eq!(report(&gw.admin(), Some(&bearer), &r).await.0, 200);
+    }
+    let shared = "a long shared system prompt that spans several routing chunks ".repeat(20);
+    let http = client();
+    let ask = |i: usize| completion(&format!("{shared} question {i}"), false);
+    let home = send(&http, &gw.url(), "/v1/completions", &ask(0))
+        .await
+        .replica
+        .unwrap();
+    assert_eq!(
+        send(&http, &gw.url(), "/v1/completions", &ask(1))
+            .await
+            .replica
+            .unwrap(),
+        home
+    );
+    let (home_w, other_w) = if home == a.id() { (&a, &b) } else { (&b, &a) };
+
+    for (used, waiting, what) in [(95, 0, "KV 95 % used"), (10, 20, "20 queued")] {
+        let r = report_for(home_w, used, waiting);
+        assert_eq!(report(&gw.admin(), Some(&bearer), &r).await.0, 200);
+        let spilled = send(&http, &gw.url(), "/v1/completions", &ask(2))
+            .await
+            .replica
+            .unwrap();
+        assert_eq!(spilled, other_w.id(), "{what}: the prefix spills");
+        let r = report_for(home_w, 10, 0);
+        assert_eq!(report(&gw.admin(), Some(&bearer), &r).await.0, 200);
+        let back = send(&http, &gw.url(), "/v1/completions", &ask(3))
+            .await
+            .replica
+            .unwrap();
+        assert_eq!(back, home, "{what}: recovered, the prefix returns");
+    }
+}

@@ -24,6 +24,11 @@ pub struct PolicyConfig {
     pub session_ttl_ms: u64,
     /// Sessions remembered at most (idle ones are forgotten first).
     pub session_capacity: usize,
+    /// A replica whose agent reports this fraction of its KV blocks in use is saturated: prefix
+    /// and session stickiness yield, as they do to the load bound.
+    pub kv_saturation: f64,
+    /// ... and so is one whose agent reports this many requests queued.
+    pub queue_saturation: u32,
 }
 
 impl Default for PolicyConfig {
@@ -37,6 +42,8 @@ impl Default for PolicyConfig {
             prefix_capacity: 100_000,
             session_ttl_ms: 600_000,
             session_capacity: 100_000,
+            kv_saturation: 0.9,
+            queue_saturation: 16,
         }
     }
 }
@@ -56,6 +63,8 @@ pub struct Weights {
     pub fresh: f64,
     /// 1 for the replica the request's session is bound to, unless it is saturated.
     pub session: f64,
+    /// The fraction of its KV cache free, as its agent reports (1 without reports).
+    pub kv: f64,
 }
 
 impl Default for Weights {
@@ -66,6 +75,7 @@ impl Default for Weights {
             load: 1.0,
             fresh: 1.0,
             session: 5.0,
+            kv: 1.0,
         }
     }
 }
@@ -108,6 +118,16 @@ impl PolicyConfig {
             ),
         );
         check(
+            self.kv_saturation > 0.0 && self.kv_saturation <= 1.0,
+            "kv_saturation",
+            format!("must be in (0, 1], got {}", self.kv_saturation),
+        );
+        check(
+            self.queue_saturation >= 1,
+            "queue_saturation",
+            "must be at least 1, got 0".into(),
+        );
+        check(
             self.session_ttl_ms >= 1,
             "session_ttl_ms",
             "must be at least 1, got 0".into(),
@@ -126,6 +146,7 @@ impl PolicyConfig {
             ("load", self.weights.load),
             ("fresh", self.weights.fresh),
             ("session", self.weights.session),
+            ("kv", self.weights.kv),
         ] {
             check(
                 w.is_finite() && w >= 0.0,

@@ -6,7 +6,7 @@
 pub struct ReplicaId(pub u32);
 
 /// One replica as the gateway sees it at decision time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ReplicaView {
     pub id: ReplicaId,
     /// Passed health checks and not ejected.
@@ -19,6 +19,8 @@ pub struct ReplicaView {
     pub waiting: u32,
     /// Its agent's last report is older than the stale threshold: scored down.
     pub stale: bool,
+    /// Fraction of its KV blocks in use, as its agent last reported (`None` without reports).
+    pub kv_usage: Option<f64>,
 }
 
 /// The replicas that may serve this request (those that serve its model), healthy or not.

@@ -1,7 +1,9 @@
 //! Selection: filter, score, rank.
 
 use crate::sessions::SessionTable;
-use crate::{ApproxPrefixIndex, FleetView, HashRing, PolicyConfig, ReplicaId, RequestFeatures};
+use crate::{
+    ApproxPrefixIndex, FleetView, HashRing, PolicyConfig, ReplicaId, ReplicaView, RequestFeatures,
+};
 use serde::Serialize;
 
 /// Normalised signal values, each in [0, 1], before weighting.
@@ -12,6 +14,7 @@ pub struct Signals {
     pub load: f64,
     pub fresh: f64,
     pub session: f64,
+    pub kv: f64,
 }
 
 /// One ranked replica and why it got its score.
@@ -141,8 +144,12 @@ impl Policy {
         }
         let bound = ((self.config.load_factor * (total_load + 1) as f64) / count as f64).ceil();
         let load_bound = (bound as u32).max(1);
-        let saturated = |in_flight: u32, cap: Option<u32>| {
-            in_flight >= load_bound || cap.is_some_and(|c| in_flight >= c)
+        let (kv_limit, queue_limit) = (self.config.kv_saturation, self.config.queue_saturation);
+        let saturated = |r: &ReplicaView| {
+            r.in_flight >= load_bound
+                || r.max_in_flight.is_some_and(|c| r.in_flight >= c)
+                || r.kv_usage.is_some_and(|u| u >= kv_limit)
+                || r.waiting >= queue_limit
         };
 
         // Ring order of the candidates, and the bounded-load owner: the first healthy,
@@ -170,7 +177,7 @@ impl Policy {
             rank[pos as usize] = next_rank;
             next_rank += 1;
             let r = &fleet.replicas[pos as usize];
-            if owner.is_none() && r.healthy && !saturated(r.in_flight, r.max_in_flight) {
+            if owner.is_none() && r.healthy && !saturated(r) {
                 owner = Some(r.id);
             }
             if next_rank as usize == fleet.replicas.len() {
@@ -195,7 +202,7 @@ impl Policy {
             .enumerate()
             .filter(|(_, r)| r.healthy)
             .map(|(i, r)| {
-                let is_saturated = saturated(r.in_flight, r.max_in_flight);
+                let is_saturated = saturated(r);
                 let matched = overlaps
                     .iter()
                     .find(|(id, _)| *id == r.id)
@@ -217,6 +224,7 @@ impl Policy {
                     } else {
                         0.0
                     },
+                    kv: 1.0 - r.kv_usage.unwrap_or(0.0).clamp(0.0, 1.0),
                 };
                 Candidate {
                     replica: r.id,
@@ -224,7 +232,8 @@ impl Policy {
                         + w.ring * signals.ring
                         + w.load * signals.load
                         + w.fresh * signals.fresh
-                        + w.session * signals.session,
+                        + w.session * signals.session
+                        + w.kv * signals.kv,
                     signals,
                     ring_rank: rank[i],
                     saturated: is_saturated,
@@ -270,6 +279,7 @@ mod tests {
                 max_in_flight: None,
                 waiting: 0,
                 stale: false,
+                kv_usage: None,
             })
             .collect()
     }

@@ -270,6 +270,7 @@ impl Gateway {
                 max_in_flight: r.config.max_in_flight,
                 waiting: r.reported_waiting(),
                 stale: r.freshness(agents) == Freshness::Stale,
+                kv_usage: r.reported_kv_usage(),
             })
             .collect();
         let started = Instant::now();

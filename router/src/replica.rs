@@ -133,6 +133,17 @@ impl Replica {
             .map_or(0, |s| s.report.waiting)
     }
 
+    /// Fraction of KV blocks in use its agent last reported (`None` without reports, or when
+    /// the engine reports no KV blocks).
+    pub fn reported_kv_usage(&self) -> Option<f64> {
+        self.agent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .filter(|s| s.report.kv_blocks_total > 0)
+            .map(|s| s.report.kv_usage())
+    }
+
     /// Takes a report from the replica's agent.
     pub fn record_report(&self, report: TelemetryReport) -> ReportOutcome {
         if self.needs_discovery() && !report.models.is_empty() {

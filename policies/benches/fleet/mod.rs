@@ -46,6 +46,7 @@ pub fn setup(replicas: u32) -> (Policy, Vec<ReplicaView>, Vec<RequestFeatures>) 
             max_in_flight: None,
             waiting: 0,
             stale: false,
+            kv_usage: None,
         })
         .collect();
     (policy, fleet, prompts)
