@@ -126,6 +126,16 @@ enum Command {
         long_prefill_token_threshold: usize,
         #[arg(long)]
         no_prefix_caching: bool,
+        /// Sim backend: LoRA adapter names resident from the start (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        lora_adapters: Vec<String>,
+        /// Sim backend: more adapter names, loaded on first use.
+        #[arg(long, value_delimiter = ',')]
+        lora_catalog: Vec<String>,
+        /// Sim backend: adapters resident at once (default: as many as --lora-adapters, plus
+        /// one when there is a catalog).
+        #[arg(long)]
+        max_loras: Option<usize>,
     },
     /// Validate a gateway config file and report every error with its YAML path.
     CheckConfig { file: PathBuf },
@@ -268,7 +278,17 @@ fn run(command: Command) -> Result<(), String> {
             max_num_seqs,
             long_prefill_token_threshold,
             no_prefix_caching,
+            lora_adapters,
+            lora_catalog,
+            max_loras,
         } => {
+            let slots =
+                max_loras.unwrap_or(lora_adapters.len() + usize::from(!lora_catalog.is_empty()));
+            let adapters = kvgate_worker::server::adapters::AdapterSet::new(
+                lora_adapters,
+                lora_catalog,
+                slots,
+            )?;
             if !model.exists() {
                 return Err(format!(
                     "model file {} not found (scripts/fetch-model fetches the default)",
@@ -310,6 +330,7 @@ fn run(command: Command) -> Result<(), String> {
                     policy: kvgate_worker::sched::SchedulingPolicy::Fcfs,
                 },
                 prefix_caching: !no_prefix_caching,
+                adapters,
             })
         }
         Command::CheckConfig { file } => match kvgate_router::check_config(&file) {

@@ -320,3 +320,88 @@ async fn kv_or_queue_pressure_spills_a_prefix_and_recovery_brings_it_back() {
         assert_eq!(back, home, "{what}: recovered, the prefix returns");
     }
 }
+
+/// A request naming a LoRA adapter goes where it is resident; one naming an adapter resident
+/// nowhere goes to a replica with a free slot (sim workers that hold adapter names, reporting
+/// through attached agents).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_naming_an_adapter_go_where_it_is_loaded() {
+    let fast = ["--time-scale", "0.01"];
+    let w1 = SimWorker::start(&[&fast[..], &["--lora-adapters", "sql-lora"]].concat()).await;
+    let w2 = SimWorker::start(
+        &[
+            &fast[..],
+            &[
+                "--lora-adapters",
+                "chat-lora",
+                "--lora-catalog",
+                "new-lora",
+                "--max-loras",
+                "2",
+            ],
+        ]
+        .concat(),
+    )
+    .await;
+    let w3 = SimWorker::start(&fast).await;
+    let token = token_file(w1.port);
+    let gw = Gateway::start(&[&w1, &w2, &w3], &agents_yaml(&token, "static")).await;
+    let _agents: Vec<Proc> = [&w1, &w2, &w3]
+        .iter()
+        .map(|w| {
+            let mut cmd = kvgate();
+            cmd.args([
+                "agent",
+                "--gateway",
+                &gw.admin(),
+                "--token-file",
+                token.to_str().unwrap(),
+            ])
+            .args([
+                "--url",
+                &w.url(),
+                "--replica-id",
+                &w.id(),
+                "--interval-ms",
+                "50",
+            ]);
+            spawn(cmd, &format!("agent-{}", w.port))
+        })
+        .collect();
+    gw.wait_until(|rs| rs.iter().all(|r| r["freshness"] == "fresh"))
+        .await;
+
+    let http = client();
+    let ask = |model: &str, i: usize| {
+        let mut body = completion(&format!("question {i} for {model}"), false);
+        body["model"] = model.into();
+        body
+    };
+    for (model, home) in [("sql-lora", w1.id()), ("chat-lora", w2.id())] {
+        for i in 0..5 {
+            let a = send(&http, &gw.url(), "/v1/completions", &ask(model, i)).await;
+            assert_eq!(
+                (a.status, a.replica.as_deref()),
+                (200, Some(home.as_str())),
+                "{model} {i}"
+            );
+        }
+    }
+    // Resident nowhere: the replica with a free slot loads it.
+    let a = send(&http, &gw.url(), "/v1/completions", &ask("new-lora", 0)).await;
+    assert_eq!(
+        (a.status, a.replica.as_deref()),
+        (200, Some(w2.id().as_str()))
+    );
+    let stats = w2.get("/stats").await;
+    assert!(
+        stats["adapters"]
+            .as_array()
+            .unwrap()
+            .contains(&"new-lora".into()),
+        "{stats}"
+    );
+    // An adapter nobody can load is not found.
+    let a = send(&http, &gw.url(), "/v1/completions", &ask("nope-lora", 0)).await;
+    assert_eq!(a.status, 404, "{a:?}");
+}

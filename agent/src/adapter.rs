@@ -79,18 +79,30 @@ impl EngineAdapter for Kvgate {
         let e = &v["engine"];
         let n = |key: &str| e[key].as_u64().ok_or(format!("/stats: no `engine.{key}`"));
         let total = n("kv_blocks_total")?;
+        let adapters: Vec<String> = v["adapters"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let slots_free = (v["max_loras"].as_u64().unwrap_or(0) > 0)
+            .then(|| v["adapter_slots_free"].as_u64().unwrap_or(0) as u32);
         Ok(Sample {
             models: v["model"]
                 .as_str()
                 .map(str::to_string)
                 .into_iter()
+                .chain(adapters.iter().cloned())
                 .collect(),
+            adapters,
+            adapter_slots_free: slots_free,
             running: n("running")? as u32,
             waiting: n("waiting")? as u32,
             kv_blocks_total: total,
             kv_blocks_used: total.saturating_sub(n("kv_blocks_free")?),
             block_size: n("block_size")? as u32,
-            ..Sample::default()
         })
     }
 }

@@ -65,6 +65,8 @@ pub struct Weights {
     pub session: f64,
     /// The fraction of its KV cache free, as its agent reports (1 without reports).
     pub kv: f64,
+    /// Adapter residency: 1 resident, 0.5 a free slot, 0 neither.
+    pub adapter: f64,
 }
 
 impl Default for Weights {
@@ -76,6 +78,7 @@ impl Default for Weights {
             fresh: 1.0,
             session: 5.0,
             kv: 1.0,
+            adapter: 4.0,
         }
     }
 }
@@ -147,6 +150,7 @@ impl PolicyConfig {
             ("fresh", self.weights.fresh),
             ("session", self.weights.session),
             ("kv", self.weights.kv),
+            ("adapter", self.weights.adapter),
         ] {
             check(
                 w.is_finite() && w >= 0.0,

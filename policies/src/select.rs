@@ -15,6 +15,7 @@ pub struct Signals {
     pub fresh: f64,
     pub session: f64,
     pub kv: f64,
+    pub adapter: f64,
 }
 
 /// One ranked replica and why it got its score.
@@ -225,6 +226,7 @@ impl Policy {
                         0.0
                     },
                     kv: 1.0 - r.kv_usage.unwrap_or(0.0).clamp(0.0, 1.0),
+                    adapter: r.adapter_fit,
                 };
                 Candidate {
                     replica: r.id,
@@ -233,7 +235,8 @@ impl Policy {
                         + w.load * signals.load
                         + w.fresh * signals.fresh
                         + w.session * signals.session
-                        + w.kv * signals.kv,
+                        + w.kv * signals.kv
+                        + w.adapter * signals.adapter,
                     signals,
                     ring_rank: rank[i],
                     saturated: is_saturated,
@@ -280,6 +283,7 @@ mod tests {
                 waiting: 0,
                 stale: false,
                 kv_usage: None,
+                adapter_fit: 0.0,
             })
             .collect()
     }

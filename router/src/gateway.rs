@@ -243,7 +243,26 @@ impl Gateway {
             .iter()
             .filter(|r| r.may_serve(model) == ModelMatch::Yes)
             .collect();
-        let serving = if known.is_empty() {
+        // A request may name a LoRA adapter: replicas where it is resident serve it, and so
+        // may any replica with adapter slots (it loads the adapter, evicting another if
+        // full), which also covers an adapter resident nowhere yet.
+        let adapter_capable = |r: &&Arc<Replica>| {
+            r.reported_adapters()
+                .is_some_and(|(_, free)| free.is_some())
+        };
+        let names_adapter = snap.replicas.iter().any(|r| {
+            r.reported_adapters()
+                .is_some_and(|(loaded, _)| loaded.iter().any(|a| a == model))
+        }) || (known.is_empty()
+            && snap.replicas.iter().any(|r| adapter_capable(&r)));
+        let serving: Vec<&Arc<Replica>> = if names_adapter {
+            snap.replicas
+                .iter()
+                .filter(|r| r.may_serve(model) == ModelMatch::Yes || adapter_capable(r))
+                .collect()
+        } else if !known.is_empty() {
+            known
+        } else {
             let unknown: Vec<&Arc<Replica>> = snap
                 .replicas
                 .iter()
@@ -257,8 +276,6 @@ impl Gateway {
                 .with_param("model"));
             }
             unknown
-        } else {
-            known
         };
         let agents = snap.config.agents.as_ref();
         let views: Vec<ReplicaView> = serving
@@ -271,6 +288,11 @@ impl Gateway {
                 waiting: r.reported_waiting(),
                 stale: r.freshness(agents) == Freshness::Stale,
                 kv_usage: r.reported_kv_usage(),
+                adapter_fit: if names_adapter {
+                    r.adapter_fit(model)
+                } else {
+                    0.0
+                },
             })
             .collect();
         let started = Instant::now();

@@ -144,6 +144,26 @@ impl Replica {
             .map(|s| s.report.kv_usage())
     }
 
+    /// The adapters its agent last reported resident, and its free adapter slots (`None` when
+    /// the engine does not say); `None` without reports.
+    pub fn reported_adapters(&self) -> Option<(Vec<String>, Option<u32>)> {
+        self.agent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(|s| (s.report.adapters.clone(), s.report.adapter_slots_free))
+    }
+
+    /// How well it suits a request naming adapter `name`: 1 resident, 0.5 a free slot to load
+    /// it into, 0 neither (it would have to evict another adapter).
+    pub fn adapter_fit(&self, name: &str) -> f64 {
+        match self.reported_adapters() {
+            Some((loaded, _)) if loaded.iter().any(|a| a == name) => 1.0,
+            Some((_, Some(free))) if free > 0 => 0.5,
+            _ => 0.0,
+        }
+    }
+
     /// Takes a report from the replica's agent.
     pub fn record_report(&self, report: TelemetryReport) -> ReportOutcome {
         if self.needs_discovery() && !report.models.is_empty() {

@@ -47,6 +47,7 @@ pub fn setup(replicas: u32) -> (Policy, Vec<ReplicaView>, Vec<RequestFeatures>) 
             waiting: 0,
             stale: false,
             kv_usage: None,
+            adapter_fit: 0.0,
         })
         .collect();
     (policy, fleet, prompts)

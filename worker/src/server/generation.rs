@@ -39,10 +39,11 @@ pub fn prepare(
     body: &[u8],
     model: &ModelFile,
     served_name: &str,
+    serves: impl FnOnce(&str) -> bool,
     max_model_len: usize,
 ) -> Result<Prepared, ApiError> {
     let r = GenerationRequest::parse(endpoint, body)?;
-    if r.model != served_name {
+    if !serves(&r.model) {
         return Err(ApiError::new(
             ErrorKind::ModelNotFound,
             format!(

@@ -23,6 +23,8 @@ pub const MAX_BODY_BYTES: usize = 64 << 20;
 pub struct Context {
     pub model: Arc<ModelFile>,
     pub served_name: String,
+    /// Adapters served besides the base model (sim backend).
+    pub adapters: std::sync::Mutex<super::adapters::AdapterSet>,
     pub max_model_len: usize,
     pub commands: mpsc::Sender<Command>,
     pub shared: Arc<Shared>,
@@ -40,7 +42,18 @@ pub async fn handle(
     let reply = match (req.method().clone(), path.as_str()) {
         (Method::POST, "/v1/chat/completions") => generate(ctx, req, Endpoint::Chat).await,
         (Method::POST, "/v1/completions") => generate(ctx, req, Endpoint::Completions).await,
-        (Method::GET, "/v1/models") => json(200, &ModelList::new([ctx.served_name.clone()])),
+        (Method::GET, "/v1/models") => {
+            let adapters = ctx
+                .adapters
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .resident()
+                .to_vec();
+            json(
+                200,
+                &ModelList::new(std::iter::once(ctx.served_name.clone()).chain(adapters)),
+            )
+        }
         (Method::GET, "/health") => json(200, &serde_json::json!({ "status": "ok" })),
         (Method::GET, "/metrics") => {
             let mut r = Response::new(full(ctx.shared.metrics.render()));
@@ -121,11 +134,20 @@ async fn generate(ctx: Arc<Context>, req: Request<Incoming>, endpoint: Endpoint)
         Ok(b) => b,
         Err(e) => return error(&e),
     };
+    let serves = |name: &str| {
+        name == ctx.served_name
+            || ctx
+                .adapters
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .admit(name)
+    };
     let prepared = match prepare(
         endpoint,
         &body,
         &ctx.model,
         &ctx.served_name,
+        serves,
         ctx.max_model_len,
     ) {
         Ok(p) => p,
@@ -257,6 +279,11 @@ fn engine_error(e: EngineError) -> ApiError {
 
 fn stats(ctx: &Context) -> Reply {
     let stats = ctx.shared.stats();
+    let adapters = ctx
+        .adapters
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
     let last_seq = ctx
         .shared
         .events
@@ -267,6 +294,9 @@ fn stats(ctx: &Context) -> Reply {
         200,
         &serde_json::json!({
             "model": ctx.served_name,
+            "adapters": adapters.resident(),
+            "adapter_slots_free": adapters.slots_free(),
+            "max_loras": adapters.max_loras(),
             "max_model_len": ctx.max_model_len,
             "engine": stats,
             "kv_events_seq": last_seq,

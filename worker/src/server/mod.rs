@@ -1,5 +1,6 @@
 //! The worker's HTTP server (hyper) in front of the engine thread.
 
+pub mod adapters;
 pub mod body;
 pub mod detok;
 mod engine_loop;
@@ -49,6 +50,8 @@ pub struct WorkerConfig {
     pub max_model_len: Option<usize>,
     pub scheduler: SchedulerConfig,
     pub prefix_caching: bool,
+    /// LoRA adapter names served (sim backend only).
+    pub adapters: adapters::AdapterSet,
 }
 
 /// Serves until the process ends.
@@ -117,9 +120,13 @@ pub fn run(config: WorkerConfig) -> Result<(), String> {
         Arc::clone(&shared),
     )
     .map_err(|e| e.to_string())?;
+    if config.adapters.max_loras() > 0 && !matches!(config.backend, BackendChoice::Sim { .. }) {
+        return Err("LoRA adapters need adapter weights, which only the sim backend does without (the cpu backend cannot load them yet)".into());
+    }
     let ctx = Arc::new(http::Context {
         model,
         served_name,
+        adapters: Mutex::new(config.adapters.clone()),
         max_model_len,
         commands,
         shared,
