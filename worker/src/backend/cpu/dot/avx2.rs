@@ -210,10 +210,16 @@ unsafe fn q4_1_tile<const R: usize, const T: usize, const VNNI: bool>(
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     let mut offsets = [[0.0f32; T]; R];
     for b in 0..blocks {
+        // The activations' codes and scales for this block, loaded once for all rows. (Every
+        // `get_unchecked` index is below `blocks`, which the caller checked against every
+        // length.)
         let a: [__m256i; T] =
             std::array::from_fn(|t| _mm256_loadu_si256(acts[t].q.as_ptr().add(b * QK).cast()));
+        let ad: [f32; T] = std::array::from_fn(|t| *acts[t].d.get_unchecked(b));
+        let as_: [f32; T] = std::array::from_fn(|t| *acts[t].s.get_unchecked(b));
         for r in 0..R {
             let w = &rows[r];
+            let (wd, wm) = (*w.d.get_unchecked(b), *w.m.get_unchecked(b));
             let qs = _mm_loadu_si128(w.blocks.as_ptr().add(b * 20 + 4).cast());
             let wq = _mm256_set_m128i(
                 _mm_and_si128(_mm_srli_epi16(qs, 4), low),
@@ -221,9 +227,9 @@ unsafe fn q4_1_tile<const R: usize, const T: usize, const VNNI: bool>(
             );
             for t in 0..T {
                 let sums = dot_u8_i8::<VNNI>(wq, a[t]);
-                let scale = _mm256_set1_ps(w.d[b] * acts[t].d[b]);
+                let scale = _mm256_set1_ps(wd * ad[t]);
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[r][t]);
-                offsets[r][t] = w.m[b].mul_add(acts[t].s[b], offsets[r][t]);
+                offsets[r][t] = wm.mul_add(as_[t], offsets[r][t]);
             }
         }
     }
@@ -243,15 +249,18 @@ unsafe fn q8_0_tile<const R: usize, const T: usize, const VNNI: bool>(
 ) {
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     for b in 0..blocks {
+        // As in `q4_1_tile`: loaded once per block; indices below `blocks`, checked.
         let a: [__m256i; T] =
             std::array::from_fn(|t| _mm256_loadu_si256(acts[t].q.as_ptr().add(b * QK).cast()));
+        let ad: [f32; T] = std::array::from_fn(|t| *acts[t].d.get_unchecked(b));
         for r in 0..R {
             let w = &rows[r];
+            let wd = *w.d.get_unchecked(b);
             let wq = _mm256_loadu_si256(w.blocks.as_ptr().add(b * 34 + 2).cast());
             let abs_w = _mm256_sign_epi8(wq, wq);
             for t in 0..T {
                 let sums = dot_u8_i8::<VNNI>(abs_w, _mm256_sign_epi8(a[t], wq));
-                let scale = _mm256_set1_ps(w.d[b] * acts[t].d[b]);
+                let scale = _mm256_set1_ps(wd * ad[t]);
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[r][t]);
             }
         }
