@@ -96,6 +96,7 @@ async fn push_loop(
     let mut attached_instance = unix_ms();
     let mut was_healthy = true;
     let mut failing: Vec<bool> = vec![false; config.gateways.len()];
+    let mut unreadable = false;
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
@@ -109,12 +110,17 @@ async fn push_loop(
         }
         was_healthy = healthy;
         let (healthy, sample) = if healthy {
-            match read_sample(&config.url, adapter.as_ref()).await {
+            let read = read_sample(&config.url, adapter.as_ref()).await;
+            // Log changes only, as for the gateways below.
+            match (&read, unreadable) {
+                (Err(e), false) => tracing::warn!(error = %e, "cannot read the engine's telemetry"),
+                (Ok(_), true) => tracing::info!("engine telemetry readable again"),
+                _ => {}
+            }
+            unreadable = read.is_err();
+            match read {
                 Ok(sample) => (true, sample),
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot read the engine's telemetry");
-                    (false, Sample::default())
-                }
+                Err(_) => (false, Sample::default()),
             }
         } else {
             (false, Sample::default())

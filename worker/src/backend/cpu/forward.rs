@@ -25,7 +25,8 @@ struct Scratch {
     gate: Vec<f32>,
     up: Vec<f32>,
     acts: Vec<Q8Row>,
-    matmul: Vec<f32>,
+    /// One buffer per product that may run at once (Q, K and V together).
+    matmul: [Vec<f32>; 3],
     /// Per token of the step: which offsets it attends over, and in which summation order.
     attention_jobs: Vec<AttentionJob>,
     rope: Vec<(f32, f32)>,
@@ -214,11 +215,19 @@ impl Forward {
                 s.acts[t].quantize(&xb[t * h..(t + 1) * h]);
             }
             let q = grow(&mut s.q, tokens * q_dim);
-            mm.run(&layer.wq, &s.acts, xb, tokens, q, &mut s.matmul);
             let k = grow(&mut s.k, tokens * kv_dim);
-            mm.run(&layer.wk, &s.acts, xb, tokens, k, &mut s.matmul);
             let v = grow(&mut s.v, tokens * kv_dim);
-            mm.run(&layer.wv, &s.acts, xb, tokens, v, &mut s.matmul);
+            let [s0, s1, s2] = &mut s.matmul;
+            let acts = &s.acts[..];
+            mm.join(
+                || mm.run(&layer.wq, acts, xb, tokens, q, s0),
+                || {
+                    mm.join(
+                        || mm.run(&layer.wk, acts, xb, tokens, k, s1),
+                        || mm.run(&layer.wv, acts, xb, tokens, v, s2),
+                    )
+                },
+            );
             for t in 0..tokens {
                 let angles = &s.rope[t * hd / 2..(t + 1) * hd / 2];
                 for head in q[t * q_dim..(t + 1) * q_dim]
@@ -299,7 +308,7 @@ impl Forward {
                 s.acts[t].quantize(&att[t * q_dim..(t + 1) * q_dim]);
             }
             let o = grow(&mut s.xb, tokens * h);
-            mm.run(&layer.wo, &s.acts, att, tokens, o, &mut s.matmul);
+            mm.run(&layer.wo, &s.acts, att, tokens, o, &mut s.matmul[0]);
             for (xv, ov) in s.x[..tokens * h].iter_mut().zip(o.iter()) {
                 *xv += ov;
             }
@@ -317,15 +326,19 @@ impl Forward {
                 s.acts[t].quantize(&xb[t * h..(t + 1) * h]);
             }
             let gate = grow(&mut s.gate, tokens * p.ffn);
-            mm.run(&layer.w_gate, &s.acts, xb, tokens, gate, &mut s.matmul);
             let up = grow(&mut s.up, tokens * p.ffn);
-            mm.run(&layer.w_up, &s.acts, xb, tokens, up, &mut s.matmul);
+            let [s0, s1, _] = &mut s.matmul;
+            let acts = &s.acts[..];
+            mm.join(
+                || mm.run(&layer.w_gate, acts, xb, tokens, gate, s0),
+                || mm.run(&layer.w_up, acts, xb, tokens, up, s1),
+            );
             ggml_math::swiglu(self.isa, gate, up);
             for t in 0..tokens {
                 s.acts[t].quantize(&gate[t * p.ffn..(t + 1) * p.ffn]);
             }
             let down = grow(&mut s.xb, tokens * h);
-            mm.run(&layer.w_down, &s.acts, gate, tokens, down, &mut s.matmul);
+            mm.run(&layer.w_down, &s.acts, gate, tokens, down, &mut s.matmul[0]);
             for (xv, dv) in s.x[..tokens * h].iter_mut().zip(down.iter()) {
                 *xv += dv;
             }
@@ -345,6 +358,6 @@ impl Forward {
         }
         let head = self.weights.head();
         let logits = grow(&mut s.logits, n * head.rows);
-        mm.run(head, &s.acts, normed, n, logits, &mut s.matmul);
+        mm.run(head, &s.acts, normed, n, logits, &mut s.matmul[0]);
     }
 }

@@ -18,6 +18,19 @@ pub struct Matmul<'a> {
 }
 
 impl Matmul<'_> {
+    /// Runs `a` and `b` at once on the pool (products that read the same activations, so that
+    /// the threads meet once instead of twice); one after the other without a pool.
+    pub fn join<A, B>(&self, a: impl FnOnce() -> A + Send, b: impl FnOnce() -> B + Send) -> (A, B)
+    where
+        A: Send,
+        B: Send,
+    {
+        match self.pool {
+            Some(pool) => pool.join(a, b),
+            None => (a(), b()),
+        }
+    }
+
     /// `out[t * rows + r] = W[r] . x[t]` for the `tokens` activation rows, given both quantised
     /// (`acts`, for quantised weights) and as f32 (`xs`, for float weights).
     pub fn run(
