@@ -212,9 +212,9 @@ async fn reports_need_the_token_and_a_known_replica() {
     let token = token_file(w.port);
     let gw = Gateway::start(&[&w], &agents_yaml(&token, "static")).await;
     let good = serde_json::json!({
-        "version": 1, "replica": w.id(), "url": w.url(), "instance": 7, "seq": 1,
-        "healthy": true, "models": [MODEL], "running": 0, "waiting": 3,
-        "kv_blocks_total": 100, "kv_blocks_used": 10, "block_size": 16,
+        "version": 1, "replica": w.id(), "url": w.url(), "instance": 7, "seq": 1, "healthy": true,
+        "load": {"models": [MODEL], "running": 0, "waiting": 3, "kv_blocks_total": 100,
+                 "kv_blocks_used": 10, "block_size": 16},
     });
     let bearer = format!("Bearer {TOKEN}");
     for auth in [None, Some("Bearer wrong-token"), Some(TOKEN)] {
@@ -279,8 +279,9 @@ async fn kv_or_queue_pressure_spills_a_prefix_and_recovery_brings_it_back() {
         seq += 1;
         serde_json::json!({
             "version": 1, "replica": w.id(), "url": w.url(), "instance": 1, "seq": seq,
-            "healthy": true, "models": [MODEL], "running": 0, "waiting": waiting,
-            "kv_blocks_total": 100, "kv_blocks_used": used, "block_size": 16,
+            "healthy": true,
+            "load": {"models": [MODEL], "running": 0, "waiting": waiting, "kv_blocks_total": 100,
+                     "kv_blocks_used": used, "block_size": 16},
         })
     };
     for w in [&a, &b] {

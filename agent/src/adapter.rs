@@ -1,28 +1,16 @@
 //! Reading an engine's telemetry: each engine exposes it differently, so an
-//! [`EngineAdapter`] names the paths to fetch and turns their bodies into a [`Sample`].
+//! [`EngineAdapter`] names the paths to fetch and turns their bodies into an [`EngineLoad`].
 //! Parsing is pure (tested on recorded texts); fetching is the agent's.
 
+pub use kvgate_protocol::telemetry::EngineLoad;
 use std::collections::BTreeMap;
-
-/// What the agent reports about an engine at one moment.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Sample {
-    pub models: Vec<String>,
-    pub adapters: Vec<String>,
-    pub adapter_slots_free: Option<u32>,
-    pub running: u32,
-    pub waiting: u32,
-    pub kv_blocks_total: u64,
-    pub kv_blocks_used: u64,
-    pub block_size: u32,
-}
 
 pub trait EngineAdapter: Send + Sync {
     /// Paths to fetch (relative to the engine's base URL), in the order `parse` takes them.
     fn paths(&self) -> &'static [&'static str];
 
     /// Builds a sample from the bodies of `paths` (`None` where a fetch failed).
-    fn parse(&self, bodies: &[Option<String>]) -> Result<Sample, String>;
+    fn parse(&self, bodies: &[Option<String>]) -> Result<EngineLoad, String>;
 }
 
 /// The adapter for an engine named on the command line.
@@ -74,7 +62,7 @@ impl EngineAdapter for Kvgate {
         &["/stats"]
     }
 
-    fn parse(&self, bodies: &[Option<String>]) -> Result<Sample, String> {
+    fn parse(&self, bodies: &[Option<String>]) -> Result<EngineLoad, String> {
         let v = json(body(bodies, 0, "/stats")?, "/stats")?;
         let e = &v["engine"];
         let n = |key: &str| e[key].as_u64().ok_or(format!("/stats: no `engine.{key}`"));
@@ -89,7 +77,7 @@ impl EngineAdapter for Kvgate {
             .unwrap_or_default();
         let slots_free = (v["max_loras"].as_u64().unwrap_or(0) > 0)
             .then(|| v["adapter_slots_free"].as_u64().unwrap_or(0) as u32);
-        Ok(Sample {
+        Ok(EngineLoad {
             models: v["model"]
                 .as_str()
                 .map(str::to_string)
@@ -115,7 +103,7 @@ impl EngineAdapter for Vllm {
         &["/metrics", "/v1/models"]
     }
 
-    fn parse(&self, bodies: &[Option<String>]) -> Result<Sample, String> {
+    fn parse(&self, bodies: &[Option<String>]) -> Result<EngineLoad, String> {
         let m = Metrics::parse(body(bodies, 0, "/metrics")?);
         let usage = m
             .value("vllm:kv_cache_usage_perc")
@@ -138,7 +126,7 @@ impl EngineAdapter for Vllm {
             .unwrap_or_default();
         let slots_free =
             label(lora, "max_lora").map(|max| (max as u32).saturating_sub(adapters.len() as u32));
-        Ok(Sample {
+        Ok(EngineLoad {
             models: model_ids(bodies.get(1).and_then(Option::as_deref)),
             adapter_slots_free: slots_free,
             adapters,
@@ -159,7 +147,7 @@ impl EngineAdapter for Sglang {
         &["/metrics", "/v1/models"]
     }
 
-    fn parse(&self, bodies: &[Option<String>]) -> Result<Sample, String> {
+    fn parse(&self, bodies: &[Option<String>]) -> Result<EngineLoad, String> {
         let m = Metrics::parse(body(bodies, 0, "/metrics")?);
         let running = m
             .value("sglang:num_running_reqs")
@@ -169,14 +157,14 @@ impl EngineAdapter for Sglang {
             .value("sglang:num_used_tokens")
             .or_else(|| m.value("sglang:token_usage").map(|u| u * total))
             .unwrap_or(0.0);
-        Ok(Sample {
+        Ok(EngineLoad {
             models: model_ids(bodies.get(1).and_then(Option::as_deref)),
             running: running as u32,
             waiting: m.value("sglang:num_queue_reqs").unwrap_or(0.0) as u32,
             kv_blocks_total: total as u64,
             kv_blocks_used: used.round() as u64,
             block_size: 1,
-            ..Sample::default()
+            ..EngineLoad::default()
         })
     }
 }
@@ -190,13 +178,13 @@ impl EngineAdapter for LlamaCpp {
         &["/slots", "/metrics", "/v1/models"]
     }
 
-    fn parse(&self, bodies: &[Option<String>]) -> Result<Sample, String> {
+    fn parse(&self, bodies: &[Option<String>]) -> Result<EngineLoad, String> {
         let slots = json(body(bodies, 0, "/slots")?, "/slots")?;
         let slots = slots.as_array().ok_or("/slots: not a list")?;
-        let mut sample = Sample {
+        let mut sample = EngineLoad {
             models: model_ids(bodies.get(2).and_then(Option::as_deref)),
             block_size: 1,
-            ..Sample::default()
+            ..EngineLoad::default()
         };
         for s in slots {
             sample.kv_blocks_total += s["n_ctx"].as_u64().unwrap_or(0);

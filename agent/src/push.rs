@@ -1,7 +1,7 @@
 //! The agent's main loop: every interval, check the worker's health, read its telemetry and
 //! push a report to every gateway.
 
-use crate::adapter::{self, EngineAdapter, Sample};
+use crate::adapter::{self, EngineAdapter, EngineLoad};
 use crate::http;
 use crate::supervisor::{self, unix_ms, Backoff};
 use kvgate_protocol::telemetry::{TelemetryReport, REPORT_PATH, TELEMETRY_VERSION};
@@ -120,10 +120,10 @@ async fn push_loop(
             unreadable = read.is_err();
             match read {
                 Ok(sample) => (true, sample),
-                Err(_) => (false, Sample::default()),
+                Err(_) => (false, EngineLoad::default()),
             }
         } else {
-            (false, Sample::default())
+            (false, EngineLoad::default())
         };
         seq += 1;
         let report = TelemetryReport {
@@ -133,14 +133,7 @@ async fn push_loop(
             instance: instance.as_ref().map_or(attached_instance, |i| *i.borrow()),
             seq,
             healthy,
-            models: sample.models,
-            adapters: sample.adapters,
-            adapter_slots_free: sample.adapter_slots_free,
-            running: sample.running,
-            waiting: sample.waiting,
-            kv_blocks_total: sample.kv_blocks_total,
-            kv_blocks_used: sample.kv_blocks_used,
-            block_size: sample.block_size,
+            load: sample,
         };
         let body = serde_json::to_vec(&report).unwrap_or_default();
         // One task per gateway, so that a dead gateway does not delay the others.
@@ -188,7 +181,7 @@ async fn push_loop(
 }
 
 /// Fetches the adapter's paths and parses them.
-async fn read_sample(url: &str, adapter: &dyn EngineAdapter) -> Result<Sample, String> {
+async fn read_sample(url: &str, adapter: &dyn EngineAdapter) -> Result<EngineLoad, String> {
     let mut bodies = Vec::new();
     for path in adapter.paths() {
         bodies.push(http::get_text(url, path, CALL_TIMEOUT).await.ok());

@@ -2,14 +2,14 @@
 //! and the llama.cpp adapter against a live llama-server where one is installed.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use kvgate_agent::adapter::{for_engine, Sample};
+use kvgate_agent::adapter::{for_engine, EngineLoad};
 
 fn fixture(name: &str) -> Option<String> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     Some(std::fs::read_to_string(dir.join(name)).unwrap())
 }
 
-fn parse(engine: &str, bodies: &[Option<String>]) -> Sample {
+fn parse(engine: &str, bodies: &[Option<String>]) -> EngineLoad {
     for_engine(engine).unwrap().parse(bodies).unwrap()
 }
 

@@ -23,8 +23,16 @@ pub struct TelemetryReport {
     /// Counts up by one per report from this agent; a gateway that sees a gap knows it missed
     /// reports.
     pub seq: u64,
-    /// The worker answers its health check.
+    /// The worker answers its health check (when not, `load` is all zeros).
     pub healthy: bool,
+    pub load: EngineLoad,
+}
+
+/// What an engine says about itself at one moment (an agent's adapters turn each engine's own
+/// telemetry into this).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineLoad {
     pub models: Vec<String>,
     /// LoRA adapters loaded, and slots free for more (`None`: the engine does not say).
     #[serde(default)]
@@ -39,7 +47,7 @@ pub struct TelemetryReport {
     pub block_size: u32,
 }
 
-impl TelemetryReport {
+impl EngineLoad {
     /// Fraction of KV blocks in use (0 when the engine reports no blocks).
     pub fn kv_usage(&self) -> f64 {
         if self.kv_blocks_total == 0 {
@@ -80,8 +88,11 @@ mod tests {
             version: TELEMETRY_VERSION,
             replica: "gpu0".into(),
             url: "http://127.0.0.1:9001".into(),
-            kv_blocks_total: 100,
-            kv_blocks_used: 25,
+            load: EngineLoad {
+                kv_blocks_total: 100,
+                kv_blocks_used: 25,
+                ..Default::default()
+            },
             ..Default::default()
         };
         let json = serde_json::to_string(&r).unwrap_or_default();
@@ -89,7 +100,7 @@ mod tests {
             serde_json::from_str::<TelemetryReport>(&json).ok(),
             Some(r.clone())
         );
-        assert_eq!(r.kv_usage(), 0.25);
+        assert_eq!(r.load.kv_usage(), 0.25);
         let mut v: serde_json::Value = serde_json::from_str(&json).unwrap_or_default();
         v["surprise"] = 1.into();
         assert!(serde_json::from_value::<TelemetryReport>(v).is_err());

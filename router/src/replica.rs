@@ -130,7 +130,7 @@ impl Replica {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
-            .map_or(0, |s| s.report.waiting)
+            .map_or(0, |s| s.report.load.waiting)
     }
 
     /// Fraction of KV blocks in use its agent last reported (`None` without reports, or when
@@ -140,8 +140,8 @@ impl Replica {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
-            .filter(|s| s.report.kv_blocks_total > 0)
-            .map(|s| s.report.kv_usage())
+            .filter(|s| s.report.load.kv_blocks_total > 0)
+            .map(|s| s.report.load.kv_usage())
     }
 
     /// The adapters its agent last reported resident, and its free adapter slots (`None` when
@@ -151,7 +151,12 @@ impl Replica {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
-            .map(|s| (s.report.adapters.clone(), s.report.adapter_slots_free))
+            .map(|s| {
+                (
+                    s.report.load.adapters.clone(),
+                    s.report.load.adapter_slots_free,
+                )
+            })
     }
 
     /// How well it suits a request naming adapter `name`: 1 resident, 0.5 a free slot to load
@@ -166,8 +171,8 @@ impl Replica {
 
     /// Takes a report from the replica's agent.
     pub fn record_report(&self, report: TelemetryReport) -> ReportOutcome {
-        if self.needs_discovery() && !report.models.is_empty() {
-            self.set_discovered_models(report.models.clone());
+        if self.needs_discovery() && !report.load.models.is_empty() {
+            self.set_discovered_models(report.load.models.clone());
         }
         let mut agent = self.agent.lock().unwrap_or_else(PoisonError::into_inner);
         let (restarted, gap) = match agent.as_ref() {
@@ -297,11 +302,11 @@ impl Replica {
                     "seq": s.report.seq,
                     "missed_reports": s.missed,
                     "healthy": s.report.healthy,
-                    "running": s.report.running,
-                    "waiting": s.report.waiting,
-                    "kv_blocks_total": s.report.kv_blocks_total,
-                    "kv_usage": s.report.kv_usage(),
-                    "adapters": s.report.adapters,
+                    "running": s.report.load.running,
+                    "waiting": s.report.load.waiting,
+                    "kv_blocks_total": s.report.load.kv_blocks_total,
+                    "kv_usage": s.report.load.kv_usage(),
+                    "adapters": s.report.load.adapters,
                 })
             });
         serde_json::json!({
