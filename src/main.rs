@@ -54,6 +54,9 @@ enum Command {
         /// Milliseconds between reports.
         #[arg(long, default_value_t = 100)]
         interval_ms: u64,
+        /// First restart delay of the supervised worker, in ms (doubling to 30 s).
+        #[arg(long, default_value_t = 500)]
+        restart_backoff_ms: u64,
         /// The worker command to supervise; none to attach to `--url`.
         #[arg(last = true)]
         command: Vec<String>,
@@ -206,6 +209,7 @@ fn run(command: Command) -> Result<(), String> {
             replica_id,
             engine,
             interval_ms,
+            restart_backoff_ms,
             command,
         } => {
             let token = std::fs::read_to_string(&token_file)
@@ -223,6 +227,10 @@ fn run(command: Command) -> Result<(), String> {
                 engine,
                 command,
                 interval: std::time::Duration::from_millis(interval_ms),
+                backoff: kvgate_agent::supervisor::Backoff {
+                    first: std::time::Duration::from_millis(restart_backoff_ms.max(1)),
+                    ..Default::default()
+                },
             };
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)

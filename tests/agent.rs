@@ -50,6 +50,16 @@ async fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
     }
 }
 
+/// Sends a completion and waits until the gateway has let it go, as a client that reads the
+/// answer before its next request would (a request still counted in flight can tip its replica
+/// over the load bound, where stickiness yields).
+async fn settled(gw: &Gateway, body: &serde_json::Value) -> Answer {
+    let a = send(&client(), &gw.url(), "/v1/completions", body).await;
+    gw.wait_until(|rs| rs.iter().all(|r| r["in_flight"] == 0))
+        .await;
+    a
+}
+
 async fn replica(gw: &Gateway, id: &str) -> Option<serde_json::Value> {
     gw.replicas().await.into_iter().find(|r| r["id"] == id)
 }
@@ -119,6 +129,10 @@ async fn an_agent_supervises_its_worker_and_the_gateway_follows() {
         "w0",
         "--interval-ms",
         "50",
+        // A long first restart delay, so that the window in which the gateway must exclude the
+        // dead worker is wide enough to observe on a loaded machine.
+        "--restart-backoff-ms",
+        "2000",
         "--",
         env!("CARGO_BIN_EXE_kvgate"),
         "worker",
@@ -185,7 +199,11 @@ async fn an_agent_supervises_its_worker_and_the_gateway_follows() {
         std::net::TcpStream::connect(("127.0.0.1", worker_port)).is_err()
     })
     .await;
-    wait_replica(&gw, "w0", "w0 stale", |r| r["freshness"] == "stale").await;
+    // Stale (scored down) first, then excluded; a slow poll may only see the second.
+    wait_replica(&gw, "w0", "w0 stale", |r| {
+        r["freshness"] == "stale" || r["freshness"] == "excluded"
+    })
+    .await;
     wait_replica(&gw, "w0", "w0 excluded", |r| {
         r["freshness"] == "excluded" && r["available"] == false
     })
@@ -289,35 +307,19 @@ async fn kv_or_queue_pressure_spills_a_prefix_and_recovery_brings_it_back() {
         assert_eq!(report(&gw.admin(), Some(&bearer), &r).await.0, 200);
     }
     let shared = "a long shared system prompt that spans several routing chunks ".repeat(20);
-    let http = client();
     let ask = |i: usize| completion(&format!("{shared} question {i}"), false);
-    let home = send(&http, &gw.url(), "/v1/completions", &ask(0))
-        .await
-        .replica
-        .unwrap();
-    assert_eq!(
-        send(&http, &gw.url(), "/v1/completions", &ask(1))
-            .await
-            .replica
-            .unwrap(),
-        home
-    );
+    let home = settled(&gw, &ask(0)).await.replica.unwrap();
+    assert_eq!(settled(&gw, &ask(1)).await.replica.unwrap(), home);
     let (home_w, other_w) = if home == a.id() { (&a, &b) } else { (&b, &a) };
 
     for (used, waiting, what) in [(95, 0, "KV 95 % used"), (10, 20, "20 queued")] {
         let r = report_for(home_w, used, waiting);
         assert_eq!(report(&gw.admin(), Some(&bearer), &r).await.0, 200);
-        let spilled = send(&http, &gw.url(), "/v1/completions", &ask(2))
-            .await
-            .replica
-            .unwrap();
+        let spilled = settled(&gw, &ask(2)).await.replica.unwrap();
         assert_eq!(spilled, other_w.id(), "{what}: the prefix spills");
         let r = report_for(home_w, 10, 0);
         assert_eq!(report(&gw.admin(), Some(&bearer), &r).await.0, 200);
-        let back = send(&http, &gw.url(), "/v1/completions", &ask(3))
-            .await
-            .replica
-            .unwrap();
+        let back = settled(&gw, &ask(3)).await.replica.unwrap();
         assert_eq!(back, home, "{what}: recovered, the prefix returns");
     }
 }
@@ -372,7 +374,6 @@ async fn requests_naming_an_adapter_go_where_it_is_loaded() {
     gw.wait_until(|rs| rs.iter().all(|r| r["freshness"] == "fresh"))
         .await;
 
-    let http = client();
     let ask = |model: &str, i: usize| {
         let mut body = completion(&format!("question {i} for {model}"), false);
         body["model"] = model.into();
@@ -380,7 +381,7 @@ async fn requests_naming_an_adapter_go_where_it_is_loaded() {
     };
     for (model, home) in [("sql-lora", w1.id()), ("chat-lora", w2.id())] {
         for i in 0..5 {
-            let a = send(&http, &gw.url(), "/v1/completions", &ask(model, i)).await;
+            let a = settled(&gw, &ask(model, i)).await;
             assert_eq!(
                 (a.status, a.replica.as_deref()),
                 (200, Some(home.as_str())),
@@ -389,7 +390,7 @@ async fn requests_naming_an_adapter_go_where_it_is_loaded() {
         }
     }
     // Resident nowhere: the replica with a free slot loads it.
-    let a = send(&http, &gw.url(), "/v1/completions", &ask("new-lora", 0)).await;
+    let a = settled(&gw, &ask("new-lora", 0)).await;
     assert_eq!(
         (a.status, a.replica.as_deref()),
         (200, Some(w2.id().as_str()))
@@ -403,6 +404,6 @@ async fn requests_naming_an_adapter_go_where_it_is_loaded() {
         "{stats}"
     );
     // An adapter nobody can load is not found.
-    let a = send(&http, &gw.url(), "/v1/completions", &ask("nope-lora", 0)).await;
+    let a = settled(&gw, &ask("nope-lora", 0)).await;
     assert_eq!(a.status, 404, "{a:?}");
 }

@@ -241,6 +241,12 @@ async fn a_ten_turn_conversation_keeps_its_replica() {
                     .unwrap()
                     .to_string(),
             );
+            let _ = r.bytes().await;
+            // The user reads the answer before the next turn, and the gateway has let the last
+            // request go: a replica holding one request while the others hold none is at the
+            // load bound, where stickiness yields.
+            gw.wait_until(|rs| rs.iter().all(|r| r["in_flight"] == 0))
+                .await;
         }
         assert!(
             replicas.iter().all(|r| *r == replicas[0]),

@@ -23,6 +23,8 @@ pub struct AgentConfig {
     /// The worker command to supervise; empty to attach to an engine already running.
     pub command: Vec<String>,
     pub interval: Duration,
+    /// Restart delays for the supervised worker.
+    pub backoff: Backoff,
 }
 
 /// Deadline for one health check, scrape or report.
@@ -43,7 +45,7 @@ pub async fn run(config: AgentConfig) -> Result<(), String> {
     let supervisor = supervised.then(|| {
         tokio::spawn(supervisor::supervise(
             config.command.clone(),
-            Backoff::default(),
+            config.backoff.clone(),
             instance_tx,
             stop_rx.clone(),
         ))

@@ -4,7 +4,7 @@
 
 use crate::config::{self, ConfigError, GatewayConfig};
 use crate::metrics::Metrics;
-use crate::replica::{Freshness, InFlight, ModelMatch, Replica};
+use crate::replica::{AdapterStatus, Freshness, InFlight, ModelMatch, Replica};
 use kvgate_policies::{
     Candidate, Decision, FleetView, Policy, ReplicaId, ReplicaView, RequestFeatures,
 };
@@ -238,49 +238,11 @@ impl Gateway {
         model: &str,
         features: &RequestFeatures,
     ) -> Result<Route, ApiError> {
-        let known: Vec<&Arc<Replica>> = snap
-            .replicas
-            .iter()
-            .filter(|r| r.may_serve(model) == ModelMatch::Yes)
-            .collect();
-        // A request may name a LoRA adapter: replicas where it is resident serve it, and so
-        // may any replica with adapter slots (it loads the adapter, evicting another if
-        // full), which also covers an adapter resident nowhere yet.
-        let adapter_capable = |r: &&Arc<Replica>| {
-            r.reported_adapters()
-                .is_some_and(|(_, free)| free.is_some())
-        };
-        let names_adapter = snap.replicas.iter().any(|r| {
-            r.reported_adapters()
-                .is_some_and(|(loaded, _)| loaded.iter().any(|a| a == model))
-        }) || (known.is_empty()
-            && snap.replicas.iter().any(|r| adapter_capable(&r)));
-        let serving: Vec<&Arc<Replica>> = if names_adapter {
-            snap.replicas
-                .iter()
-                .filter(|r| r.may_serve(model) == ModelMatch::Yes || adapter_capable(r))
-                .collect()
-        } else if !known.is_empty() {
-            known
-        } else {
-            let unknown: Vec<&Arc<Replica>> = snap
-                .replicas
-                .iter()
-                .filter(|r| r.may_serve(model) == ModelMatch::Unknown)
-                .collect();
-            if unknown.is_empty() {
-                return Err(ApiError::new(
-                    ErrorKind::ModelNotFound,
-                    format!("model `{model}` is not served by any replica"),
-                )
-                .with_param("model"));
-            }
-            unknown
-        };
+        let serving = candidates(snap, model)?;
         let agents = snap.config.agents.as_ref();
         let views: Vec<ReplicaView> = serving
             .iter()
-            .map(|r| ReplicaView {
+            .map(|&(r, adapter_fit)| ReplicaView {
                 id: r.slot,
                 healthy: r.is_routable(agents),
                 in_flight: r.in_flight(),
@@ -288,11 +250,7 @@ impl Gateway {
                 waiting: r.reported_waiting(),
                 stale: r.freshness(agents) == Freshness::Stale,
                 kv_usage: r.reported_kv_usage(),
-                adapter_fit: if names_adapter {
-                    r.adapter_fit(model)
-                } else {
-                    0.0
-                },
+                adapter_fit,
             })
             .collect();
         let started = Instant::now();
@@ -309,8 +267,8 @@ impl Gateway {
         let by_slot = |slot: ReplicaId| {
             serving
                 .iter()
-                .find(|r| r.slot == slot)
-                .map(|r| Arc::clone(r))
+                .find(|(r, _)| r.slot == slot)
+                .map(|(r, _)| Arc::clone(r))
         };
         let first = by_slot(top.replica).map(InFlight::new);
         policy.record(top.replica, features);
@@ -360,8 +318,52 @@ impl Gateway {
     }
 }
 
-/// The replicas of `config`, reusing `old` ones (state and slot) whose settings are unchanged,
-/// and keeping the slot of a renamed-in-place replica's name.
+/// The replicas that may serve `model`, each with its adapter fit (see [`AdapterStatus::fit`];
+/// 0 unless `model` names an adapter). A model may name a LoRA adapter: replicas where it is
+/// resident serve it, and so may any replica with adapter slots (it loads the adapter,
+/// evicting another if full), which also covers an adapter resident nowhere yet. Otherwise the
+/// replicas that list the model serve it, else those whose models are not known yet.
+fn candidates<'a>(
+    snap: &'a Snapshot,
+    model: &str,
+) -> Result<Vec<(&'a Arc<Replica>, f64)>, ApiError> {
+    let all: Vec<(&Arc<Replica>, ModelMatch, Option<AdapterStatus>)> = snap
+        .replicas
+        .iter()
+        .map(|r| (r, r.may_serve(model), r.adapter_status(model)))
+        .collect();
+    let capable = |a: &Option<AdapterStatus>| a.is_some_and(|a| a.slots_free.is_some());
+    let listed = all.iter().any(|(_, m, _)| *m == ModelMatch::Yes);
+    let names_adapter = all.iter().any(|(_, _, a)| a.is_some_and(|a| a.resident))
+        || (!listed && all.iter().any(|(_, _, a)| capable(a)));
+    let fit = |a: &Option<AdapterStatus>| match a {
+        Some(a) if names_adapter => a.fit(),
+        _ => 0.0,
+    };
+    let keep = |m: ModelMatch, a: &Option<AdapterStatus>| {
+        if names_adapter {
+            m == ModelMatch::Yes || capable(a)
+        } else if listed {
+            m == ModelMatch::Yes
+        } else {
+            m == ModelMatch::Unknown
+        }
+    };
+    let serving: Vec<(&'a Arc<Replica>, f64)> = all
+        .iter()
+        .filter(|(_, m, a)| keep(*m, a))
+        .map(|(r, _, a)| (*r, fit(a)))
+        .collect();
+    if serving.is_empty() {
+        return Err(ApiError::new(
+            ErrorKind::ModelNotFound,
+            format!("model `{model}` is not served by any replica"),
+        )
+        .with_param("model"));
+    }
+    Ok(serving)
+}
+
 fn read_agent_token(config: &GatewayConfig) -> Result<Option<String>, Vec<ConfigError>> {
     config
         .agents
@@ -377,7 +379,9 @@ fn read_agent_token(config: &GatewayConfig) -> Result<Option<String>, Vec<Config
         })
 }
 
-/// The configured replicas, then those that joined by reporting (unless now configured).
+/// The configured replicas, then those that joined by reporting (unless now configured),
+/// reusing `old` ones (state and slot) whose settings are unchanged, and keeping the slot of a
+/// renamed-in-place replica's name.
 fn build_replicas(
     config: &GatewayConfig,
     joined: &[config::ReplicaConfig],

@@ -50,6 +50,26 @@ pub enum Freshness {
     Excluded,
 }
 
+/// An adapter as a replica's agent reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdapterStatus {
+    pub resident: bool,
+    /// Free adapter slots (`None`: the engine does not say, or serves no adapters).
+    pub slots_free: Option<u32>,
+}
+
+impl AdapterStatus {
+    /// How well the replica suits a request naming the adapter: 1 resident, 0.5 a free slot to
+    /// load it into, 0 neither (it would have to evict another adapter).
+    pub fn fit(self) -> f64 {
+        match (self.resident, self.slots_free) {
+            (true, _) => 1.0,
+            (false, Some(free)) if free > 0 => 0.5,
+            _ => 0.0,
+        }
+    }
+}
+
 /// What a report changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReportOutcome {
@@ -144,29 +164,16 @@ impl Replica {
             .map(|s| s.report.load.kv_usage())
     }
 
-    /// The adapters its agent last reported resident, and its free adapter slots (`None` when
-    /// the engine does not say); `None` without reports.
-    pub fn reported_adapters(&self) -> Option<(Vec<String>, Option<u32>)> {
+    /// What its agent last reported about adapter `name` (`None` without reports).
+    pub fn adapter_status(&self, name: &str) -> Option<AdapterStatus> {
         self.agent
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
-            .map(|s| {
-                (
-                    s.report.load.adapters.clone(),
-                    s.report.load.adapter_slots_free,
-                )
+            .map(|s| AdapterStatus {
+                resident: s.report.load.adapters.iter().any(|a| a == name),
+                slots_free: s.report.load.adapter_slots_free,
             })
-    }
-
-    /// How well it suits a request naming adapter `name`: 1 resident, 0.5 a free slot to load
-    /// it into, 0 neither (it would have to evict another adapter).
-    pub fn adapter_fit(&self, name: &str) -> f64 {
-        match self.reported_adapters() {
-            Some((loaded, _)) if loaded.iter().any(|a| a == name) => 1.0,
-            Some((_, Some(free))) if free > 0 => 0.5,
-            _ => 0.0,
-        }
     }
 
     /// Takes a report from the replica's agent.
