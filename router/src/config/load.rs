@@ -34,10 +34,93 @@ pub fn load_file(path: &Path) -> Result<GatewayConfig, Vec<ConfigError>> {
     parse_str(&text)
 }
 
+/// Policy presets (`policy: {preset: NAME}`), from `config/policies/`.
+const PRESETS: [(&str, &str); 3] = [
+    (
+        "balanced",
+        include_str!("../../../config/policies/balanced.yaml"),
+    ),
+    (
+        "cache-first",
+        include_str!("../../../config/policies/cache-first.yaml"),
+    ),
+    (
+        "latency-first",
+        include_str!("../../../config/policies/latency-first.yaml"),
+    ),
+];
+
 /// Parses and validates config text.
 pub fn parse_str(text: &str) -> Result<GatewayConfig, Vec<ConfigError>> {
-    let deserializer = serde_yaml_ng::Deserializer::from_str(text);
-    let config: GatewayConfig = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+    let preset = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(text)
+        .ok()
+        .and_then(|v| v.get("policy")?.get("preset").cloned());
+    let config = match preset {
+        // No preset: straight from the text, so that errors keep their line numbers.
+        None => deserialize(serde_yaml_ng::Deserializer::from_str(text))?,
+        Some(name) => deserialize(with_preset(text, &name)?)?,
+    };
+    let errors = super::validate::validate(&config);
+    if errors.is_empty() {
+        Ok(config)
+    } else {
+        Err(errors)
+    }
+}
+
+/// The config with its `policy` laid over the named preset (fields set beside `preset` win;
+/// `weights` merge key by key).
+fn with_preset(
+    text: &str,
+    name: &serde_yaml_ng::Value,
+) -> Result<serde_yaml_ng::Value, Vec<ConfigError>> {
+    use serde_yaml_ng::Value;
+    let error = |message: String| {
+        vec![ConfigError {
+            path: "policy.preset".into(),
+            line: None,
+            message,
+        }]
+    };
+    let known: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
+    let preset = name
+        .as_str()
+        .and_then(|n| PRESETS.iter().find(|(p, _)| *p == n))
+        .ok_or_else(|| {
+            error(format!(
+                "unknown preset {name:?} (known: {})",
+                known.join(", ")
+            ))
+        })?;
+    let mut merged: Value = serde_yaml_ng::from_str(preset.1)
+        .map_err(|e| error(format!("preset {}: {e}", preset.0)))?;
+    let mut config: Value =
+        serde_yaml_ng::from_str(text).map_err(|e| error(format!("cannot read the config: {e}")))?;
+    if let (Some(Value::Mapping(user)), Value::Mapping(base)) =
+        (config.get("policy").cloned(), &mut merged)
+    {
+        for (k, v) in user {
+            match (base.get_mut(&k), v) {
+                (Some(Value::Mapping(b)), Value::Mapping(u)) => b.extend(u),
+                (_, v) => {
+                    base.insert(k, v);
+                }
+            }
+        }
+        base.remove("preset");
+    }
+    if let Value::Mapping(top) = &mut config {
+        top.insert("policy".into(), merged);
+    }
+    Ok(config)
+}
+
+/// Deserializes a config; an error names its YAML path (and line, when read from text).
+fn deserialize<'de, D>(deserializer: D) -> Result<GatewayConfig, Vec<ConfigError>>
+where
+    D: serde::Deserializer<'de, Error = serde_yaml_ng::Error>,
+{
+    serde_path_to_error::deserialize(deserializer).map_err(|e| {
         let path = match e.path().to_string() {
             p if p == "." || p.is_empty() => ".".to_string(),
             p => p,
@@ -56,18 +139,52 @@ pub fn parse_str(text: &str) -> Result<GatewayConfig, Vec<ConfigError>> {
             line,
             message,
         }]
-    })?;
-    let errors = super::validate::validate(&config);
-    if errors.is_empty() {
-        Ok(config)
-    } else {
-        Err(errors)
-    }
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn presets_lay_under_what_the_config_sets() {
+        let base = "listen: \"127.0.0.1:8080\"\nreplicas:\n  - url: \"http://127.0.0.1:9001\"\n";
+        let c = parse_str(&format!(
+            "{base}policy:\n  preset: latency-first\n  queue_saturation: 9\n  weights: {{prefix: 2.5}}\n"
+        ))
+        .unwrap();
+        let p = &c.policy;
+        assert_eq!((p.load_factor, p.queue_saturation), (1.1, 9));
+        assert_eq!((p.weights.prefix, p.weights.load), (2.5, 3.0));
+        assert_eq!(
+            p.chunk_bytes, 256,
+            "fields no preset sets keep their defaults"
+        );
+        for name in ["balanced", "cache-first", "latency-first"] {
+            assert!(
+                parse_str(&format!("{base}policy: {{preset: {name}}}\n")).is_ok(),
+                "{name}"
+            );
+        }
+        let balanced = parse_str(&format!("{base}policy: {{preset: balanced}}\n")).unwrap();
+        assert_eq!(
+            balanced.policy,
+            parse_str(base).unwrap().policy,
+            "balanced is the default"
+        );
+        let errs = parse_str(&format!("{base}policy: {{preset: fastest}}\n")).unwrap_err();
+        assert_eq!(errs[0].path, "policy.preset");
+        assert!(
+            errs[0].message.contains("cache-first"),
+            "{}",
+            errs[0].message
+        );
+        let errs = parse_str(&format!(
+            "{base}policy: {{preset: balanced, load_factor: 0.5}}\n"
+        ))
+        .unwrap_err();
+        assert_eq!(errs[0].path, "policy.load_factor");
+    }
 
     #[test]
     fn the_minimal_config_is_accepted() {
