@@ -66,7 +66,10 @@ pub fn run(config: UpConfig) -> Result<(), String> {
     )?;
     let admin = format!("http://127.0.0.1:{}", config.admin_port);
     for i in 0..config.workers {
-        let port = config.first_worker_port + i as u16;
+        let port = u16::try_from(i)
+            .ok()
+            .and_then(|i| config.first_worker_port.checked_add(i))
+            .ok_or("--first-worker-port plus --workers runs past port 65535")?;
         spawn(
             format!("agent {i}"),
             agent_args(&config, &admin, &token_file, &exe, i, port),
