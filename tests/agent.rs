@@ -50,6 +50,18 @@ async fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
     }
 }
 
+/// A chat request through the gateway must succeed.
+async fn chat_ok(gw: &Gateway, text: &str) {
+    let answer = send(
+        &client(),
+        &gw.url(),
+        "/v1/chat/completions",
+        &chat(text, false),
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+}
+
 /// Sends a completion and waits until the gateway has let it go, as a client that reads the
 /// answer before its next request would (a request still counted in flight can tip its replica
 /// over the load bound, where stickiness yields).
@@ -152,14 +164,7 @@ async fn an_agent_supervises_its_worker_and_the_gateway_follows() {
     .await;
     let instance = first["agent"]["instance"].as_u64().unwrap();
     assert_eq!(first["models"], serde_json::json!([MODEL]), "{first:#}");
-    let answer = send(
-        &client(),
-        &gw.url(),
-        "/v1/chat/completions",
-        &chat("hello agent", false),
-    )
-    .await;
-    assert_eq!(answer.status, 200, "{answer:?}");
+    chat_ok(&gw, "hello agent").await;
 
     // Kill the worker: the gateway stops routing to it, the agent starts a new one.
     let worker_pid = children(agent.child.id());
@@ -184,14 +189,7 @@ async fn an_agent_supervises_its_worker_and_the_gateway_follows() {
     assert_eq!(new_pid.len(), 1);
     assert_ne!(new_pid[0], worker_pid[0], "a new worker process");
     assert!(back["agent"]["healthy"] == true, "{back:#}");
-    let answer = send(
-        &client(),
-        &gw.url(),
-        "/v1/chat/completions",
-        &chat("hello again", false),
-    )
-    .await;
-    assert_eq!(answer.status, 200, "{answer:?}");
+    chat_ok(&gw, "hello again").await;
 
     // SIGTERM: the agent stops its worker gracefully and stops reporting.
     agent.signal("TERM");

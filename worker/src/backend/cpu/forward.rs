@@ -234,13 +234,7 @@ impl Forward {
                     .chunks_exact_mut(hd)
                     .chain(k[t * kv_dim..(t + 1) * kv_dim].chunks_exact_mut(hd))
                 {
-                    // Interleaved pairs (x[2i], x[2i+1]): the GGUF row layout (see weights.rs).
-                    for (pair, &(cos, sin)) in head.chunks_exact_mut(2).zip(angles) {
-                        let (a, b) = (pair[0], pair[1]);
-                        // Fused as GCC compiles llama.cpp's `x0*cos - x1*sin` and `x0*sin + x1*cos`.
-                        pair[0] = a.mul_add(cos, -(b * sin));
-                        pair[1] = a.mul_add(sin, b * cos);
-                    }
+                    ggml_math::rope(self.isa, head, angles);
                 }
             }
             // Store this step's K/V, then attend (a token sees its own and earlier positions).

@@ -1,5 +1,5 @@
-//! Softmax and SiLU computed exactly as llama.cpp's CPU backend computes them (AVX2 build):
-//! its vectorised `expf` (`ggml_v_expf`, a degree-5 polynomial after range reduction), its
+//! Softmax, SiLU and RoPE's rotation computed exactly as llama.cpp's CPU backend computes them
+//! (AVX2 build): its vectorised `expf` (`ggml_v_expf`, a degree-5 polynomial after range reduction), its
 //! summation order, and plain `expf` for the tail that does not fill 8 lanes. This model
 //! amplifies last-bit differences (8-bit activation codes flip), so agreeing with llama.cpp
 //! token for token needs the same roundings, not merely accurate ones.
@@ -64,6 +64,37 @@ pub fn exp_and_sum(x: &mut [f32], max: f32) -> f64 {
         sum += f64::from(hsum8(&lanes));
     }
     sum
+}
+
+/// RoPE on one head: interleaved pairs (x[2i], x[2i+1]), the GGUF row layout (see
+/// weights.rs), rotated by `(cos, sin)` with fused multiply-adds, as GCC compiles llama.cpp's
+/// `x0*cos - x1*sin` and `x0*sin + x1*cos`.
+#[allow(unsafe_code)]
+pub fn rope(isa: Isa, head: &mut [f32], angles: &[(f32, f32)]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2_fma() {
+        // SAFETY: every kernel set but `Portable` is only chosen when the CPU has AVX2 and FMA.
+        unsafe { rope_fma(head, angles) };
+        return;
+    }
+    let _ = isa;
+    rope_impl(head, angles);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(unsafe_code)]
+unsafe fn rope_fma(head: &mut [f32], angles: &[(f32, f32)]) {
+    rope_impl(head, angles);
+}
+
+#[inline(always)]
+fn rope_impl(head: &mut [f32], angles: &[(f32, f32)]) {
+    for (pair, &(cos, sin)) in head.chunks_exact_mut(2).zip(angles) {
+        let (a, b) = (pair[0], pair[1]);
+        pair[0] = a.mul_add(cos, -(b * sin));
+        pair[1] = a.mul_add(sin, b * cos);
+    }
 }
 
 /// `ggml_vec_swiglu_f32`: `gate[i] = silu(gate[i]) * up[i]`.
