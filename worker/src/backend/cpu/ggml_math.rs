@@ -1,6 +1,6 @@
 //! Softmax, SiLU and RoPE's rotation computed exactly as llama.cpp's CPU backend computes them
-//! (AVX2 build): its vectorised `expf` (`ggml_v_expf`, a degree-5 polynomial after range reduction), its
-//! summation order, and plain `expf` for the tail that does not fill 8 lanes. This model
+//! (AVX2 build): its vectorised `expf` (`ggml_v_expf`, a degree-5 polynomial after range
+//! reduction), its summation order, and plain `expf` for the tail that does not fill 8 lanes. This model
 //! amplifies last-bit differences (8-bit activation codes flip), so agreeing with llama.cpp
 //! token for token needs the same roundings, not merely accurate ones.
 
