@@ -76,13 +76,19 @@ fn prompts_tokenize_and_render_as_llama_cpp_does() {
                 role: "user".into(),
                 content: text.into(),
             }];
-            model.template.as_ref().unwrap().render(&messages).unwrap()
+            model
+                .prompt
+                .template
+                .as_ref()
+                .unwrap()
+                .render(&messages)
+                .unwrap()
         } else {
             text.to_string()
         };
         assert_eq!(rendered, case["rendered"].as_str().unwrap());
         assert_eq!(
-            model.tokenizer.encode(&rendered, true).unwrap(),
+            model.prompt.tokenizer.encode(&rendered, true).unwrap(),
             ids(&case),
             "{text:?}"
         );
@@ -184,7 +190,7 @@ fn engine(model: &ModelFile, threads: usize) -> Engine<CpuBackend> {
             ..Default::default()
         },
         hash_seed: HashSeed::new("test", None, ""),
-        eos_token_ids: model.tokenizer.eos_token_id.into_iter().collect(),
+        eos_token_ids: model.prompt.tokenizer.eos_token_id.into_iter().collect(),
     };
     Engine::new(config, backend(model, threads))
 }

@@ -18,7 +18,10 @@ fn hyperparameters_match_smollm2() {
     assert_eq!(p.vocab_size, 49152);
     assert_eq!(p.rope_theta, 100000.0);
     assert_eq!(
-        (m.tokenizer.bos_token_id, m.tokenizer.eos_token_id),
+        (
+            m.prompt.tokenizer.bos_token_id,
+            m.prompt.tokenizer.eos_token_id
+        ),
         (Some(1), Some(2))
     );
 }
@@ -26,7 +29,7 @@ fn hyperparameters_match_smollm2() {
 #[test]
 fn chat_template_renders_chatml() {
     let m = ModelFile::open(&default_model()).unwrap();
-    let t = m.template.as_ref().unwrap();
+    let t = m.prompt.template.as_ref().unwrap();
     let text = t
         .render(&[TemplateMessage {
             role: "user".into(),
@@ -41,11 +44,11 @@ fn chat_template_renders_chatml() {
         text.ends_with("<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"),
         "{text:?}"
     );
-    let ids = m.tokenizer.encode(&text, true).unwrap();
+    let ids = m.prompt.tokenizer.encode(&text, true).unwrap();
     assert_eq!(ids[0], 1, "<|im_start|> is one special token");
-    let plain = m.tokenizer.encode("<|im_start|>", false).unwrap();
+    let plain = m.prompt.tokenizer.encode("<|im_start|>", false).unwrap();
     assert!(plain.len() > 1, "without special parsing it is text");
-    assert_eq!(m.tokenizer.decode(&ids, false).unwrap(), text);
+    assert_eq!(m.prompt.tokenizer.decode(&ids, false).unwrap(), text);
 }
 
 #[test]
@@ -59,8 +62,15 @@ fn token_ids_equal_llama_cpp() {
         let text = case["text"].as_str().unwrap();
         for (key, special) in [("special", true), ("plain", false)] {
             let want: Vec<u32> = serde_json::from_value(case[key].clone()).unwrap();
-            let got = m.tokenizer.encode(text, special).unwrap();
+            let got = m.prompt.tokenizer.encode(text, special).unwrap();
             assert_eq!(got, want, "{key} tokens of {text:?}");
+            if special {
+                // Segment by segment, cold and then from the cache.
+                for pass in ["cold", "cached"] {
+                    let got = m.prompt.encode(text).unwrap();
+                    assert_eq!(got, want, "{pass} segment-wise tokens of {text:?}");
+                }
+            }
             checked += 1;
         }
     }
@@ -72,15 +82,18 @@ fn streaming_detokenisation_never_splits_a_character() {
     use kvgate_worker::server::detok::TextStream;
     let m = ModelFile::open(&default_model()).unwrap();
     let text = "emoji 😀🎉👍🏽, accents café naïve, CJK 日本語のテキスト, and a stop here.";
-    let ids = m.tokenizer.encode(text, false).unwrap();
+    let ids = m.prompt.tokenizer.encode(text, false).unwrap();
     // Byte-level tokens split multi-byte characters: some tokens alone are not valid UTF-8.
-    assert!(ids
-        .iter()
-        .any(|&t| m.tokenizer.decode(&[t], true).unwrap().contains('\u{FFFD}')));
+    assert!(ids.iter().any(|&t| m
+        .prompt
+        .tokenizer
+        .decode(&[t], true)
+        .unwrap()
+        .contains('\u{FFFD}')));
     let mut stream = TextStream::new(vec![]);
     let mut out = String::new();
     for &t in &ids {
-        let piece = stream.push(t, &m.tokenizer);
+        let piece = stream.push(t, &m.prompt.tokenizer);
         assert!(
             !piece.contains('\u{FFFD}'),
             "released a broken character: {piece:?}"
@@ -94,7 +107,7 @@ fn streaming_detokenisation_never_splits_a_character() {
     let mut stopped = TextStream::new(vec!["a stop".into()]);
     let mut cut = String::new();
     for &t in &ids {
-        cut.push_str(&stopped.push(t, &m.tokenizer));
+        cut.push_str(&stopped.push(t, &m.prompt.tokenizer));
         if stopped.stopped() {
             break;
         }
@@ -107,12 +120,12 @@ fn streaming_detokenisation_never_splits_a_character() {
 fn token_bytes_spell_the_text_even_inside_a_character() {
     let m = ModelFile::open(&default_model()).unwrap();
     let text = "emoji 😀🎉👍🏽, accents café naïve, CJK 日本語, tabs\tand\nnewlines";
-    let ids = m.tokenizer.encode(text, false).unwrap();
+    let ids = m.prompt.tokenizer.encode(text, false).unwrap();
     let bytes: Vec<u8> = ids
         .iter()
-        .flat_map(|&t| m.tokenizer.token_bytes(t))
+        .flat_map(|&t| m.prompt.tokenizer.token_bytes(t))
         .collect();
     assert_eq!(String::from_utf8(bytes).unwrap(), text);
     // A control token is its own text.
-    assert_eq!(m.tokenizer.token_bytes(1), b"<|im_start|>");
+    assert_eq!(m.prompt.tokenizer.token_bytes(1), b"<|im_start|>");
 }

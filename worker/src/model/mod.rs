@@ -1,14 +1,10 @@
 //! The model file: GGUF metadata, the tokenizer and chat template built from it, and the
 //! Llama hyperparameters.
 
-pub mod gguf;
-pub mod template;
-pub mod tokenizer;
+pub use kvgate_prompt::{gguf, template, tokenizer, PromptError, PromptModel};
 
 use gguf::{Gguf, GgufError};
 use std::path::Path;
-use template::ChatTemplate;
-use tokenizer::{Tokenizer, TokenizerError};
 
 /// Llama-family hyperparameters from `llama.*` metadata.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,46 +54,26 @@ pub enum ModelError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
     #[error(transparent)]
-    Tokenizer(#[from] TokenizerError),
-    #[error("{0}")]
-    Template(String),
+    Prompt(#[from] PromptError),
 }
 
-/// What the server needs from the model file whatever the backend: tokenizer, chat template,
-/// hyperparameters.
+/// What the server needs from the model file whatever the backend: tokenizer and chat
+/// template, hyperparameters.
 pub struct ModelFile {
     pub gguf: Gguf,
     pub params: LlamaParams,
-    pub tokenizer: Tokenizer,
-    pub template: Option<ChatTemplate>,
+    pub prompt: PromptModel,
 }
 
 impl ModelFile {
     pub fn open(path: &Path) -> Result<ModelFile, ModelError> {
         let gguf = Gguf::open(path)?;
         let params = LlamaParams::from_gguf(&gguf)?;
-        let tokenizer = Tokenizer::from_gguf(&gguf)?;
-        let token = |id: Option<u32>| {
-            id.and_then(|i| tokenizer.token_text(i))
-                .unwrap_or("")
-                .to_string()
-        };
-        let template = match gguf.get_str("tokenizer.chat_template") {
-            Ok(source) => Some(
-                ChatTemplate::new(
-                    source.to_string(),
-                    token(tokenizer.bos_token_id),
-                    token(tokenizer.eos_token_id),
-                )
-                .map_err(ModelError::Template)?,
-            ),
-            Err(_) => None,
-        };
+        let prompt = PromptModel::from_gguf(&gguf)?;
         Ok(ModelFile {
             gguf,
             params,
-            tokenizer,
-            template,
+            prompt,
         })
     }
 }

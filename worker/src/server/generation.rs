@@ -4,13 +4,12 @@
 use super::detok::TextStream;
 use super::metrics::Metrics;
 use crate::engine::TokenOutput;
-use crate::model::template::TemplateMessage;
 use crate::model::ModelFile;
 use crate::request::{FinishReason, SamplingParams};
 use kvgate_protocol::openai::{
     sse_event, AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
     ChatCompletionResponse, ChatDelta, ChatLogprobs, ChatTokenLogprob, CompletionChoice,
-    CompletionLogprobs, CompletionResponse, Endpoint, GenerationRequest, Prompt, TopLogprob, Usage,
+    CompletionLogprobs, CompletionResponse, Endpoint, GenerationRequest, TopLogprob, Usage,
     SSE_DONE,
 };
 use kvgate_protocol::{ApiError, ErrorKind};
@@ -54,50 +53,7 @@ pub fn prepare(
         .with_param("model"));
     }
     let logprobs = r.requested_logprobs(endpoint)?;
-    let (prompt, param) = match (endpoint, &r.messages, &r.prompt) {
-        (Endpoint::Chat, Some(messages), _) => {
-            let template = model.template.as_ref().ok_or_else(|| {
-                invalid(
-                    "the model has no chat template; use /v1/completions".into(),
-                    "messages",
-                )
-            })?;
-            let messages: Vec<TemplateMessage> = messages
-                .iter()
-                .map(|m| TemplateMessage {
-                    role: m.role.clone(),
-                    content: m.content.as_ref().map(|c| c.text()).unwrap_or_default(),
-                })
-                .collect();
-            let text = template
-                .render(&messages)
-                .map_err(|e| invalid(e, "messages"))?;
-            (encode(model, &text)?, "messages")
-        }
-        (_, _, Some(Prompt::Text(text))) => (encode(model, text)?, "prompt"),
-        (_, _, Some(Prompt::Tokens(ids))) => {
-            let vocab = model.tokenizer.vocab_size();
-            if let Some(bad) = ids.iter().find(|&&t| t >= vocab) {
-                return Err(invalid(
-                    format!("token id {bad} is outside the vocabulary (size {vocab})"),
-                    "prompt",
-                ));
-            }
-            (ids.clone(), "prompt")
-        }
-        (_, _, Some(Prompt::Texts(v))) if v.len() == 1 => (encode(model, &v[0])?, "prompt"),
-        (_, _, Some(Prompt::TokenLists(v))) if v.len() == 1 => (v[0].clone(), "prompt"),
-        (_, _, Some(_)) => {
-            return Err(invalid(
-                "batched prompts are not supported: send one prompt per request".into(),
-                "prompt",
-            ))
-        }
-        _ => return Err(invalid("missing field `prompt`".into(), "prompt")),
-    };
-    if prompt.is_empty() {
-        return Err(invalid("the prompt is empty".into(), param));
-    }
+    let (prompt, param) = model.prompt.prompt_ids(endpoint, &r)?;
     if prompt.len() >= max_model_len {
         return Err(invalid(
             format!("the prompt has {} tokens, but the maximum context length is {max_model_len} tokens", prompt.len()),
@@ -154,13 +110,6 @@ pub fn prepare(
         stream: r.stream,
         include_usage: r.include_usage(),
     })
-}
-
-fn encode(model: &ModelFile, text: &str) -> Result<Vec<u32>, ApiError> {
-    model
-        .tokenizer
-        .encode(text, true)
-        .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))
 }
 
 /// What a token turned into.
@@ -221,7 +170,7 @@ impl Generation {
         self.last_token = Some(now);
         if let Some(lp) = &token.logprobs {
             let top = |&(id, logprob): &(u32, f32)| {
-                let bytes = model.tokenizer.token_bytes(id);
+                let bytes = model.prompt.tokenizer.token_bytes(id);
                 TopLogprob {
                     token: String::from_utf8_lossy(&bytes).into_owned(),
                     logprob,
@@ -237,7 +186,7 @@ impl Generation {
             });
         }
         let mut pieces = Vec::new();
-        let mut text = self.text.push(token.token, &model.tokenizer);
+        let mut text = self.text.push(token.token, &model.prompt.tokenizer);
         let stop_string = self.text.stopped();
         if token.finished.is_some() || stop_string {
             text.push_str(&self.text.finish());

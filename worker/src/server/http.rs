@@ -405,7 +405,12 @@ async fn tokenize(ctx: &Context, req: Request<Incoming>) -> Reply {
         Ok(r) => r,
         Err(e) => return error(&e),
     };
-    match ctx.model.tokenizer.encode(&r.prompt, r.add_special_tokens) {
+    match ctx
+        .model
+        .prompt
+        .tokenizer
+        .encode(&r.prompt, r.add_special_tokens)
+    {
         Ok(tokens) => json(
             200,
             &serde_json::json!({ "count": tokens.len(), "max_model_len": ctx.max_model_len, "tokens": tokens }),
@@ -427,7 +432,7 @@ async fn detokenize(ctx: &Context, req: Request<Incoming>) -> Reply {
         Ok(r) => r,
         Err(e) => return error(&e),
     };
-    let vocab = ctx.model.tokenizer.vocab_size();
+    let vocab = ctx.model.prompt.tokenizer.vocab_size();
     if let Some(bad) = r.tokens.iter().find(|&&t| t >= vocab) {
         return error(
             &ApiError::new(
@@ -437,7 +442,7 @@ async fn detokenize(ctx: &Context, req: Request<Incoming>) -> Reply {
             .with_param("tokens"),
         );
     }
-    match ctx.model.tokenizer.decode(&r.tokens, false) {
+    match ctx.model.prompt.tokenizer.decode(&r.tokens, false) {
         Ok(prompt) => json(200, &serde_json::json!({ "prompt": prompt })),
         Err(e) => error(&ApiError::new(ErrorKind::Internal, e.to_string())),
     }

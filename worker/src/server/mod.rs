@@ -71,7 +71,7 @@ pub fn run(config: WorkerConfig) -> Result<(), String> {
             time_scale,
         } => {
             let profile = Profile::load(profile)?;
-            let t = &model.tokenizer;
+            let t = &model.prompt.tokenizer;
             (
                 Box::new(SimBackend::new(
                     profile,
@@ -97,7 +97,7 @@ pub fn run(config: WorkerConfig) -> Result<(), String> {
         }
     };
     let max_model_len = config.max_model_len.unwrap_or(model.params.context_length);
-    let eos = model.tokenizer.eos_token_id.into_iter().collect();
+    let eos = model.prompt.tokenizer.eos_token_id.into_iter().collect();
     let engine_config = EngineConfig {
         block_size: config.block_size,
         num_blocks: config.num_blocks,

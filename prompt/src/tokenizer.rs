@@ -3,8 +3,9 @@
 //! tokens as special tokens. Token ids equal llama.cpp's (checked against golden ids recorded
 //! from llama-cpp-python, `worker/tests/golden/`).
 
-use super::gguf::{Gguf, GgufError, Value};
+use crate::gguf::{Gguf, GgufError, Value};
 use std::collections::HashSet;
+use std::path::Path;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
@@ -117,6 +118,70 @@ impl Tokenizer {
         })
     }
 
+    /// A Hugging Face `tokenizer.json`, and what the `tokenizer_config.json` beside it says
+    /// (nothing when there is none).
+    pub fn from_json_file(path: &Path) -> Result<(Tokenizer, JsonConfig), TokenizerError> {
+        let at =
+            |e: &dyn std::fmt::Display| TokenizerError::Build(format!("{}: {e}", path.display()));
+        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| at(&e))?;
+        let vocab = inner.get_vocab(true);
+        let vocab_size = vocab.values().max().map_or(0, |&m| m + 1);
+        let mut tokens = vec![String::new(); vocab_size as usize];
+        for (text, id) in vocab {
+            tokens[id as usize] = text;
+        }
+        let special_ids = inner
+            .get_added_tokens_decoder()
+            .iter()
+            .filter(|(_, t)| t.special)
+            .map(|(&id, _)| id)
+            .collect();
+        let config = JsonConfig::beside(path)?;
+        let id = |text: &str| {
+            tokens
+                .iter()
+                .position(|t| !text.is_empty() && t == text)
+                .map(|i| i as u32)
+        };
+        let tokenizer = Tokenizer {
+            bos_token_id: id(&config.bos_token),
+            eos_token_id: id(&config.eos_token),
+            inner,
+            vocab_size,
+            special_ids,
+            tokens,
+        };
+        Ok((tokenizer, config))
+    }
+
+    /// This tokenizer as a Hugging Face `tokenizer.json`.
+    pub fn to_json(&self) -> Result<String, TokenizerError> {
+        self.inner
+            .to_string(false)
+            .map_err(|e| TokenizerError::Build(e.to_string()))
+    }
+
+    /// The added tokens that split text before it is tokenized, each with its id, when all of
+    /// them match their text verbatim (`None` when some match otherwise, e.g. after
+    /// normalisation or by stripping spaces: then text cannot be split ahead of the tokenizer).
+    pub fn verbatim_added_tokens(&self) -> Option<Vec<(String, u32)>> {
+        self.inner
+            .get_added_tokens_decoder()
+            .iter()
+            .map(|(&id, t)| {
+                let verbatim = !(t.normalized || t.lstrip || t.rstrip || t.single_word);
+                verbatim.then(|| (t.content.clone(), id))
+            })
+            .collect()
+    }
+
+    /// The text of an optional token (empty when absent), as chat templates take BOS and EOS.
+    pub fn token_string(&self, id: Option<u32>) -> String {
+        id.and_then(|i| self.token_text(i))
+            .unwrap_or("")
+            .to_string()
+    }
+
     pub fn vocab_size(&self) -> u32 {
         self.vocab_size
     }
@@ -180,6 +245,49 @@ impl Tokenizer {
             }
         }
         bytes
+    }
+}
+
+/// What a `tokenizer_config.json` says about chat prompts.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JsonConfig {
+    pub chat_template: Option<String>,
+    pub bos_token: String,
+    pub eos_token: String,
+}
+
+impl JsonConfig {
+    /// Reads the `tokenizer_config.json` in the directory of `tokenizer_json`, if present.
+    fn beside(tokenizer_json: &Path) -> Result<JsonConfig, TokenizerError> {
+        let path = tokenizer_json.with_file_name("tokenizer_config.json");
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return Ok(JsonConfig::default());
+        };
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| TokenizerError::Build(format!("{}: {e}", path.display())))?;
+        // A token is a string or an object with its `content`.
+        let token = |key: &str| {
+            let t = &v[key];
+            t.as_str()
+                .or_else(|| t["content"].as_str())
+                .unwrap_or("")
+                .to_string()
+        };
+        // The template is a string, or a list of named ones of which `default` is used.
+        let chat_template = match &v["chat_template"] {
+            serde_json::Value::String(s) => Some(s.clone()),
+            serde_json::Value::Array(named) => named
+                .iter()
+                .find(|t| t["name"] == "default")
+                .and_then(|t| t["template"].as_str())
+                .map(str::to_string),
+            _ => None,
+        };
+        Ok(JsonConfig {
+            chat_template,
+            bos_token: token("bos_token"),
+            eos_token: token("eos_token"),
+        })
     }
 }
 

@@ -1,0 +1,100 @@
+//! Gateway-side prompt cost: render a 4k-token chat prompt, tokenize it and hash its blocks.
+//! `cold`: nothing cached (the tokenizer on the whole text); `cached system prompt`: the
+//! system prompt was seen before and each request's question is new.
+//! Run: `cargo bench -p kvgate-prompt --bench tokenize` (needs `scripts/fetch-model`).
+
+#![allow(clippy::panic)]
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use kvgate_prompt::PromptModel;
+use kvgate_protocol::openai::{Endpoint, GenerationRequest};
+use kvgate_protocol::{block_hashes, HashSeed};
+use std::hint::black_box;
+use std::path::PathBuf;
+
+const BLOCK: usize = 16;
+
+fn system_prompt() -> String {
+    let facts = [
+        "The support desk answers questions about invoices, refunds and delivery times.",
+        "Orders placed before noon ship the same day; later orders ship the next working day.",
+        "Refunds are issued to the original payment method within 5 to 7 business days.",
+        "Never reveal internal ticket numbers, and always greet the customer by name.",
+        "When a parcel is late by more than 3 days, offer a voucher worth 10 percent.",
+    ];
+    let mut s = String::from("You are Ada, the assistant of an online bookshop. Rules:\n");
+    for i in 0..165 {
+        s.push_str(&format!("Rule {i}: {}\n", facts[i % facts.len()]));
+    }
+    s
+}
+
+fn requests(system: &str, n: usize) -> Vec<GenerationRequest> {
+    (0..n)
+        .map(|i| {
+            let question = format!("Hello, I am customer {i}. My order {} from last week has not arrived yet and the tracking page shows no movement since Monday. Could you tell me what happened, when it will arrive, and whether I can get a refund for the shipping cost if it is late again? Thanks a lot for your help with this.", 1000 + i);
+            let body = serde_json::json!({
+                "model": "m",
+                "messages": [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": question},
+                ],
+            });
+            GenerationRequest::parse(Endpoint::Chat, body.to_string().as_bytes())
+                .unwrap_or_else(|e| panic!("{}", e.message))
+        })
+        .collect()
+}
+
+fn bench(c: &mut Criterion) {
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let model = PromptModel::open(&path).unwrap_or_else(|e| panic!("{e}"));
+    let seed = HashSeed::new("m", None, "");
+    let system = system_prompt();
+    let reqs = requests(&system, 512);
+    let (ids, _) = model
+        .prompt_ids(Endpoint::Chat, &reqs[0])
+        .unwrap_or_else(|e| panic!("{}", e.message));
+    println!(
+        "prompt: {} tokens, {} blocks of {BLOCK}",
+        ids.len(),
+        ids.len() / BLOCK
+    );
+    let template = model
+        .template
+        .as_ref()
+        .unwrap_or_else(|| panic!("no template"));
+    let mut group = c.benchmark_group("chat_prompt_4k");
+    let mut i = 0;
+    group.bench_function("cold", |b| {
+        b.iter(|| {
+            i = (i + 1) % reqs.len();
+            let messages: Vec<_> = reqs[i]
+                .messages
+                .iter()
+                .flatten()
+                .map(|m| kvgate_prompt::template::TemplateMessage {
+                    role: m.role.clone(),
+                    content: m.content.as_ref().map(|c| c.text()).unwrap_or_default(),
+                })
+                .collect();
+            let text = template.render(&messages).unwrap_or_default();
+            let ids = model.tokenizer.encode(&text, true).unwrap_or_default();
+            black_box(block_hashes(seed, &ids, BLOCK))
+        })
+    });
+    group.bench_function("cached_system_prompt", |b| {
+        b.iter(|| {
+            i = (i + 1) % reqs.len();
+            let (ids, _) = model
+                .prompt_ids(Endpoint::Chat, &reqs[i])
+                .unwrap_or_default();
+            black_box(block_hashes(seed, &ids, BLOCK))
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,87 @@
+//! Prompts as token ids, the same way in every process: the GGUF reader, the tokenizer and
+//! chat template built from a GGUF or a `tokenizer.json`, tokenization cached per segment
+//! between special tokens, and the OpenAI request → prompt ids rule. The worker feeds these ids
+//! to its engine; the gateway hashes them into the blocks the worker will report.
+
+pub mod gguf;
+mod request;
+mod segments;
+pub mod template;
+pub mod tokenizer;
+
+use gguf::{Gguf, GgufError};
+use segments::SegmentCache;
+use std::path::Path;
+use template::ChatTemplate;
+use tokenizer::{Tokenizer, TokenizerError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PromptError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error("{0}")]
+    Template(String),
+}
+
+/// Tokens of the segment cache unless told otherwise: ~4 MB of ids.
+pub const DEFAULT_CACHED_TOKENS: usize = 1 << 20;
+
+/// A model's tokenizer and chat template, with a cache of tokenized segments.
+pub struct PromptModel {
+    pub tokenizer: Tokenizer,
+    pub template: Option<ChatTemplate>,
+    segments: SegmentCache,
+}
+
+impl PromptModel {
+    pub fn new(tokenizer: Tokenizer, template: Option<ChatTemplate>) -> Self {
+        let segments = SegmentCache::new(&tokenizer, DEFAULT_CACHED_TOKENS);
+        PromptModel {
+            tokenizer,
+            template,
+            segments,
+        }
+    }
+
+    pub fn from_gguf(gguf: &Gguf) -> Result<Self, PromptError> {
+        let tokenizer = Tokenizer::from_gguf(gguf)?;
+        let template = match gguf.get_str("tokenizer.chat_template") {
+            Ok(source) => Some(
+                ChatTemplate::new(
+                    source.to_string(),
+                    tokenizer.token_string(tokenizer.bos_token_id),
+                    tokenizer.token_string(tokenizer.eos_token_id),
+                )
+                .map_err(PromptError::Template)?,
+            ),
+            Err(_) => None,
+        };
+        Ok(PromptModel::new(tokenizer, template))
+    }
+
+    /// From a GGUF file (metadata only is read), or a Hugging Face `tokenizer.json` (its chat
+    /// template, BOS and EOS from the `tokenizer_config.json` beside it, where there is one).
+    pub fn open(path: &Path) -> Result<Self, PromptError> {
+        if path.extension().is_some_and(|e| e == "json") {
+            let (tokenizer, config) = Tokenizer::from_json_file(path)?;
+            let template = match config.chat_template {
+                Some(source) => Some(
+                    ChatTemplate::new(source, config.bos_token, config.eos_token)
+                        .map_err(PromptError::Template)?,
+                ),
+                None => None,
+            };
+            return Ok(PromptModel::new(tokenizer, template));
+        }
+        PromptModel::from_gguf(&Gguf::open(path)?)
+    }
+
+    /// Token ids of `text` with special-token text parsed (as in rendered chat prompts), equal
+    /// to [`Tokenizer::encode`]'s: the text between special tokens is tokenized on its own, so
+    /// segments seen before (a system prompt, earlier turns) come from the cache.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        self.segments.encode(&self.tokenizer, text)
+    }
+}

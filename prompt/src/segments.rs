@@ -1,0 +1,164 @@
+//! Tokenization cached per segment. The tokenizer cuts text at added (special) tokens before
+//! anything else, so the text between two of them tokenizes the same whatever surrounds it:
+//! ids can be cached per segment exactly, and a system prompt or an earlier turn seen before
+//! is not tokenized again.
+
+use crate::tokenizer::{Tokenizer, TokenizerError};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use xxhash_rust::xxh3::xxh3_128;
+
+/// Shorter segments are tokenized every time: caching them would cost more than it saves.
+const MIN_CACHED_BYTES: usize = 64;
+
+pub struct SegmentCache {
+    /// Added tokens' texts with their ids, longest first (so the longest match wins, as in the
+    /// tokenizer); `None` when the text cannot be split ahead of the tokenizer.
+    added: Option<Vec<(String, u32)>>,
+    /// First bytes of the added tokens' texts, to skip the rest of the text quickly.
+    starts: [bool; 256],
+    capacity_tokens: usize,
+    cache: Mutex<Generations>,
+}
+
+/// Two generations approximate LRU: hits in the old one move to the young one, and when the
+/// young one is full the old one is dropped.
+#[derive(Default)]
+struct Generations {
+    young: HashMap<u128, Arc<[u32]>>,
+    young_tokens: usize,
+    old: HashMap<u128, Arc<[u32]>>,
+}
+
+impl SegmentCache {
+    /// A cache of at most about `capacity_tokens` token ids.
+    pub fn new(tokenizer: &Tokenizer, capacity_tokens: usize) -> Self {
+        let added = tokenizer.verbatim_added_tokens().map(|mut a| {
+            a.retain(|(text, _)| !text.is_empty());
+            a.sort_by(|x, y| y.0.len().cmp(&x.0.len()).then(x.0.cmp(&y.0)));
+            a
+        });
+        let mut starts = [false; 256];
+        for (text, _) in added.iter().flatten() {
+            starts[text.as_bytes()[0] as usize] = true;
+        }
+        SegmentCache {
+            added,
+            starts,
+            capacity_tokens,
+            cache: Mutex::new(Generations::default()),
+        }
+    }
+
+    /// Ids of `text` with added-token text parsed, equal to `tokenizer.encode(text, true)`.
+    pub fn encode(&self, tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        let Some(added) = &self.added else {
+            return tokenizer.encode(text, true);
+        };
+        let bytes = text.as_bytes();
+        let mut ids = Vec::with_capacity(text.len() / 3);
+        let (mut start, mut i) = (0, 0);
+        while i < bytes.len() {
+            let found = self.starts[bytes[i] as usize]
+                .then(|| {
+                    added
+                        .iter()
+                        .find(|(t, _)| bytes[i..].starts_with(t.as_bytes()))
+                })
+                .flatten();
+            match found {
+                Some((t, id)) => {
+                    // An added token starts with a whole character, so `i` is a boundary.
+                    self.encode_segment(tokenizer, &text[start..i], &mut ids)?;
+                    ids.push(*id);
+                    i += t.len();
+                    start = i;
+                }
+                None => i += 1,
+            }
+        }
+        self.encode_segment(tokenizer, &text[start..], &mut ids)?;
+        Ok(ids)
+    }
+
+    fn encode_segment(
+        &self,
+        tokenizer: &Tokenizer,
+        segment: &str,
+        ids: &mut Vec<u32>,
+    ) -> Result<(), TokenizerError> {
+        if segment.len() < MIN_CACHED_BYTES {
+            if !segment.is_empty() {
+                ids.extend(tokenizer.encode(segment, true)?);
+            }
+            return Ok(());
+        }
+        let key = xxh3_128(segment.as_bytes());
+        if let Some(hit) = self.lookup(key) {
+            ids.extend_from_slice(&hit);
+            return Ok(());
+        }
+        let fresh: Arc<[u32]> = tokenizer.encode(segment, true)?.into();
+        ids.extend_from_slice(&fresh);
+        self.insert(key, fresh);
+        Ok(())
+    }
+
+    fn lookup(&self, key: u128) -> Option<Arc<[u32]>> {
+        let mut g = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(hit) = g.young.get(&key) {
+            return Some(Arc::clone(hit));
+        }
+        let hit = g.old.remove(&key)?;
+        g.young_tokens += hit.len();
+        g.young.insert(key, Arc::clone(&hit));
+        Some(hit)
+    }
+
+    fn insert(&self, key: u128, ids: Arc<[u32]>) {
+        let mut g = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        g.young_tokens += ids.len();
+        g.young.insert(key, ids);
+        if g.young_tokens > self.capacity_tokens / 2 {
+            g.old = std::mem::take(&mut g.young);
+            g.young_tokens = 0;
+        }
+    }
+
+    /// Token ids held (both generations).
+    #[cfg(test)]
+    pub fn cached_tokens(&self) -> usize {
+        let g = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        g.young
+            .values()
+            .chain(g.old.values())
+            .map(|v| v.len())
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokenizer::Tokenizer;
+
+    /// A two-generation cache keeps what is used and drops what is not.
+    #[test]
+    fn the_old_generation_goes_when_the_young_fills() -> Result<(), String> {
+        let json = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,"pre_tokenizer":null,"post_processor":null,"decoder":null,"model":{"type":"WordLevel","vocab":{"a":0},"unk_token":"a"}}"#;
+        let dir = std::env::temp_dir().join(format!("kvgate-seg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).ok();
+        let path = dir.join("tokenizer.json");
+        std::fs::write(&path, json).ok();
+        let (tokenizer, _) = Tokenizer::from_json_file(&path).map_err(|e| e.to_string())?;
+        std::fs::remove_dir_all(&dir).ok();
+        let cache = SegmentCache::new(&tokenizer, 4);
+        let seg = |c: char| c.to_string().repeat(MIN_CACHED_BYTES);
+        for c in ['x', 'y', 'z'] {
+            assert_eq!(cache.encode(&tokenizer, &seg(c)).ok(), Some(vec![0]));
+        }
+        // Capacity 4: the young generation turns old after 3 tokens; one hit moves back.
+        assert!(cache.cached_tokens() <= 3, "{}", cache.cached_tokens());
+        Ok(())
+    }
+}
