@@ -228,7 +228,7 @@ async fn reports_need_the_token_and_a_known_replica() {
     let token = token_file(w.port);
     let gw = Gateway::start(&[&w], &agents_yaml(&token, "static")).await;
     let good = serde_json::json!({
-        "version": 1, "replica": w.id(), "url": w.url(), "instance": 7, "seq": 1, "healthy": true,
+        "version": 2, "replica": w.id(), "url": w.url(), "instance": 7, "seq": 1, "healthy": true,
         "load": {"models": [MODEL], "running": 0, "waiting": 3, "kv_blocks_total": 100,
                  "kv_blocks_used": 10, "block_size": 16},
     });
@@ -244,6 +244,10 @@ async fn reports_need_the_token_and_a_known_replica() {
 
     let (s, e) = report(&gw.admin(), Some(&bearer), &good).await;
     assert_eq!(s, 200, "{e}");
+    assert_eq!(
+        e["kv_snapshot"], false,
+        "no KV events, nothing to resynchronise"
+    );
     let r = replica(&gw, &w.id()).await.unwrap();
     assert_eq!(r["agent"]["waiting"], 3, "{r:#}");
     assert_eq!(r["freshness"], "fresh");
@@ -254,11 +258,42 @@ async fn reports_need_the_token_and_a_known_replica() {
     let (s, e) = report(&gw.admin(), Some(&bearer), &unknown).await;
     assert_eq!(s, 404, "static fleets do not take new replicas: {e}");
     let mut future = good.clone();
-    future["version"] = 2.into();
+    future["version"] = 3.into();
     assert_eq!(report(&gw.admin(), Some(&bearer), &future).await.0, 400);
     let mut extra = good.clone();
     extra["surprise"] = true.into();
     assert_eq!(report(&gw.admin(), Some(&bearer), &extra).await.0, 400);
+
+    // KV events: without a snapshot, or after a gap, the gateway asks for a snapshot.
+    let mut with_kv = good.clone();
+    let batch = |seq: u64| {
+        serde_json::json!({"version": 1, "seq": seq, "events": [
+        {"type": "stored", "hashes": [seq], "parent": null, "tier": "device"}]})
+    };
+    with_kv["kv"] = serde_json::json!({"batches": [batch(4)]});
+    let (s, e) = report(&gw.admin(), Some(&bearer), &with_kv).await;
+    assert_eq!(
+        (s, e["kv_snapshot"].clone()),
+        (200, true.into()),
+        "no snapshot yet: {e}"
+    );
+    with_kv["kv"] = serde_json::json!({
+        "snapshot": {"version": 1, "seq": 4, "block_size": 16, "hashes": [1, 2]},
+        "batches": [batch(5)],
+    });
+    let (s, e) = report(&gw.admin(), Some(&bearer), &with_kv).await;
+    assert_eq!((s, e["kv_snapshot"].clone()), (200, false.into()), "{e}");
+    with_kv["kv"] = serde_json::json!({"batches": [batch(7)]});
+    let (s, e) = report(&gw.admin(), Some(&bearer), &with_kv).await;
+    assert_eq!(
+        (s, e["kv_snapshot"].clone()),
+        (200, true.into()),
+        "batch 6 is missing: {e}"
+    );
+    assert!(gw
+        .metrics()
+        .await
+        .contains("kvgate_kv_event_batches_total{result=\"resync\"} 2"));
 
     // A gap in sequence numbers is counted; an unhealthy report excludes at once.
     let mut later = good.clone();
@@ -294,7 +329,7 @@ async fn kv_or_queue_pressure_spills_a_prefix_and_recovery_brings_it_back() {
     let mut report_for = |w: &Worker, used: u64, waiting: u32| {
         seq += 1;
         serde_json::json!({
-            "version": 1, "replica": w.id(), "url": w.url(), "instance": 1, "seq": seq,
+            "version": 2, "replica": w.id(), "url": w.url(), "instance": 1, "seq": seq,
             "healthy": true,
             "load": {"models": [MODEL], "running": 0, "waiting": waiting, "kv_blocks_total": 100,
                      "kv_blocks_used": used, "block_size": 16},

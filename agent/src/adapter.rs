@@ -11,6 +11,12 @@ pub trait EngineAdapter: Send + Sync {
 
     /// Builds a sample from the bodies of `paths` (`None` where a fetch failed).
     fn parse(&self, bodies: &[Option<String>]) -> Result<EngineLoad, String>;
+
+    /// The engine publishes kvgate KV events (`/kv/events`, `/kv/snapshot`) for the agent to
+    /// relay: only the kvgate worker does.
+    fn relays_kv_events(&self) -> bool {
+        false
+    }
 }
 
 /// The adapter for an engine named on the command line.
@@ -60,6 +66,10 @@ pub struct Kvgate;
 impl EngineAdapter for Kvgate {
     fn paths(&self) -> &'static [&'static str] {
         &["/stats"]
+    }
+
+    fn relays_kv_events(&self) -> bool {
+        true
     }
 
     fn parse(&self, bodies: &[Option<String>]) -> Result<EngineLoad, String> {

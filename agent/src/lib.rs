@@ -4,6 +4,7 @@
 
 pub mod adapter;
 pub mod http;
+mod kv_relay;
 pub mod push;
 pub mod supervisor;
 

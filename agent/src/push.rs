@@ -3,8 +3,9 @@
 
 use crate::adapter::{self, EngineAdapter, EngineLoad};
 use crate::http;
+use crate::kv_relay::KvRelay;
 use crate::supervisor::{self, unix_ms, Backoff};
-use kvgate_protocol::telemetry::{TelemetryReport, REPORT_PATH, TELEMETRY_VERSION};
+use kvgate_protocol::telemetry::{ReportReply, TelemetryReport, REPORT_PATH, TELEMETRY_VERSION};
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -99,6 +100,8 @@ async fn push_loop(
     let mut was_healthy = true;
     let mut failing: Vec<bool> = vec![false; config.gateways.len()];
     let mut unreadable = false;
+    let mut relay = KvRelay::default();
+    let mut relay_failing = false;
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
@@ -127,15 +130,32 @@ async fn push_loop(
         } else {
             (false, EngineLoad::default())
         };
+        let instance = instance.as_ref().map_or(attached_instance, |i| *i.borrow());
+        let kv = if healthy && adapter.relays_kv_events() {
+            let update = relay.update(&config.url, instance, CALL_TIMEOUT).await;
+            match (&update, relay_failing) {
+                (Err(e), false) => tracing::warn!(error = %e, "cannot read the worker's KV events"),
+                (Ok(_), true) => tracing::info!("KV events readable again"),
+                _ => {}
+            }
+            relay_failing = update.is_err();
+            if update.is_err() {
+                relay.resync();
+            }
+            update.ok()
+        } else {
+            None
+        };
         seq += 1;
         let report = TelemetryReport {
             version: TELEMETRY_VERSION,
             replica: replica.clone(),
             url: config.url.clone(),
-            instance: instance.as_ref().map_or(attached_instance, |i| *i.borrow()),
+            instance,
             seq,
             healthy,
             load: sample,
+            kv,
         };
         let body = serde_json::to_vec(&report).unwrap_or_default();
         // One task per gateway, so that a dead gateway does not delay the others.
@@ -159,18 +179,24 @@ async fn push_loop(
                     )
                     .await
                     {
-                        Ok((200, _)) => None,
-                        Ok((status, body)) => Some(format!(
+                        Ok((200, body)) => Ok(serde_json::from_slice::<ReportReply>(&body)
+                            .is_ok_and(|r| r.kv_snapshot)),
+                        Ok((status, body)) => Err(format!(
                             "status {status}: {}",
                             String::from_utf8_lossy(&body)
                         )),
-                        Err(e) => Some(e.to_string()),
+                        Err(e) => Err(e.to_string()),
                     }
                 })
             })
             .collect();
         for ((gateway, send), failed) in config.gateways.iter().zip(sends).zip(&mut failing) {
-            let error = send.await.unwrap_or_else(|e| Some(e.to_string()));
+            let outcome = send.await.unwrap_or_else(|e| Err(e.to_string()));
+            if outcome == Ok(true) {
+                tracing::debug!(%gateway, "gateway asks for a KV snapshot");
+                relay.resync();
+            }
+            let error = outcome.err();
             // Log changes only: a gateway that is down would otherwise flood the log.
             match (&error, *failed) {
                 (Some(e), false) => tracing::warn!(%gateway, error = %e, "report not accepted"),

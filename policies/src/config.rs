@@ -14,12 +14,16 @@ pub struct PolicyConfig {
     pub load_factor: f64,
     /// Virtual nodes per replica on the consistent-hash ring.
     pub ring_vnodes: u32,
-    /// The cold-prefix key hashes this many leading text chunks (or the whole prompt if shorter).
+    /// The cold-prefix key hashes this many leading text chunks, or token blocks in token mode
+    /// (or the whole prompt if shorter).
     pub ring_key_chunks: usize,
     /// Text mode: bytes per prefix chunk.
     pub chunk_bytes: usize,
     /// Text mode: chunk hashes remembered per replica (least recently used dropped first).
     pub prefix_capacity: usize,
+    /// Token mode: a routing decision counts the prompt's blocks as held by the chosen replica
+    /// for this long, until the replica's KV events confirm them.
+    pub speculative_ttl_ms: u64,
     /// A session keeps its replica while it sends a request at least this often.
     pub session_ttl_ms: u64,
     /// Sessions remembered at most (idle ones are forgotten first).
@@ -40,6 +44,7 @@ impl Default for PolicyConfig {
             ring_key_chunks: 4,
             chunk_bytes: 256,
             prefix_capacity: 100_000,
+            speculative_ttl_ms: 3_000,
             session_ttl_ms: 600_000,
             session_capacity: 100_000,
             kv_saturation: 0.9,

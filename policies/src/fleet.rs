@@ -37,6 +37,9 @@ pub struct FleetView<'a> {
 pub struct RequestFeatures {
     /// Chained hashes of the prompt's full prefix chunks (text mode).
     pub prefix_chunks: Vec<u64>,
+    /// Hashes of the prompt's full token blocks, as the worker computes them (token mode: the
+    /// gateway tokenized the prompt). When present, the precise index scores the prefix.
+    pub block_hashes: Vec<u64>,
     /// Key of the cold-prefix owner on the consistent-hash ring.
     pub ring_key: u64,
     /// Hash of the session the request belongs to (`x-session-id` header, else `user`).

@@ -5,6 +5,7 @@
 pub mod config;
 mod fleet;
 mod lru;
+mod precise_index;
 mod prefix_index;
 mod ring;
 mod select;
@@ -12,6 +13,7 @@ mod sessions;
 
 pub use config::{PolicyConfig, Weights};
 pub use fleet::{FleetView, ReplicaId, ReplicaView, RequestFeatures};
+pub use precise_index::{Applied, PreciseIndex};
 pub use prefix_index::ApproxPrefixIndex;
 pub use ring::HashRing;
 pub use select::{Candidate, Decision, Policy, Signals};

@@ -2,8 +2,10 @@
 
 use crate::sessions::SessionTable;
 use crate::{
-    ApproxPrefixIndex, FleetView, HashRing, PolicyConfig, ReplicaId, ReplicaView, RequestFeatures,
+    Applied, ApproxPrefixIndex, FleetView, HashRing, PolicyConfig, PreciseIndex, ReplicaId,
+    ReplicaView, RequestFeatures,
 };
+use kvgate_protocol::telemetry::KvUpdate;
 use serde::Serialize;
 
 /// Normalised signal values, each in [0, 1], before weighting.
@@ -41,12 +43,13 @@ pub struct Decision {
     pub load_bound: u32,
 }
 
-/// The routing policy and the state it learns (text-mode prefix index, ring).
+/// The routing policy and the state it learns (prefix indexes, sessions, ring).
 #[derive(Debug, Clone)]
 pub struct Policy {
     config: PolicyConfig,
     ring: HashRing,
     prefix: ApproxPrefixIndex,
+    precise: PreciseIndex,
     sessions: SessionTable,
     members: Vec<(ReplicaId, String)>,
 }
@@ -60,6 +63,7 @@ impl Policy {
             config,
             ring: HashRing::default(),
             prefix,
+            precise: PreciseIndex::default(),
             sessions: SessionTable::default(),
             members: Vec::new(),
         }
@@ -89,6 +93,7 @@ impl Policy {
         for (old, _) in &self.members {
             if !members.iter().any(|(id, _)| id == old) {
                 self.prefix.clear_replica(*old);
+                self.precise.clear_replica(*old);
                 self.sessions.forget_replica(*old);
             }
         }
@@ -102,11 +107,23 @@ impl Policy {
     /// Forgets the prefixes a replica was believed to hold (it restarted).
     pub fn forget(&mut self, replica: ReplicaId) {
         self.prefix.clear_replica(replica);
+        self.precise.clear_replica(replica);
+    }
+
+    /// Applies the KV events a replica's agent relayed.
+    pub fn apply_kv(&mut self, replica: ReplicaId, update: &KvUpdate) -> Applied {
+        self.precise.apply(replica, update)
     }
 
     /// Learns that `replica` was sent this request's prefix (and now serves its session).
     pub fn record(&mut self, replica: ReplicaId, features: &RequestFeatures) {
-        self.prefix.insert(replica, &features.prefix_chunks);
+        if features.block_hashes.is_empty() {
+            self.prefix.insert(replica, &features.prefix_chunks);
+        } else {
+            let expires = features.now_ms + self.config.speculative_ttl_ms;
+            self.precise
+                .speculate(replica, &features.block_hashes, features.now_ms, expires);
+        }
         if let Some(session) = features.session {
             let c = &self.config;
             self.sessions.bind(
@@ -121,6 +138,10 @@ impl Policy {
 
     pub fn prefix_index(&self) -> &ApproxPrefixIndex {
         &self.prefix
+    }
+
+    pub fn precise_index(&self) -> &PreciseIndex {
+        &self.precise
     }
 
     fn rebuild_ring(&mut self) {
@@ -186,11 +207,19 @@ impl Policy {
             }
         }
 
-        let chunks = features.prefix_chunks.len();
-        let overlaps = if chunks == 0 {
-            Vec::new()
+        // Prefix overlap by slot, in blocks (token mode) or chunks (text mode).
+        let mut matched = vec![0.0; slot_count];
+        let blocks = if features.block_hashes.is_empty() {
+            for (id, run) in self.prefix.overlaps(&features.prefix_chunks) {
+                if let Some(m) = matched.get_mut(id.0 as usize) {
+                    *m = run as f64;
+                }
+            }
+            features.prefix_chunks.len()
         } else {
-            self.prefix.overlaps(&features.prefix_chunks)
+            let hashes = &features.block_hashes;
+            self.precise.overlaps(hashes, features.now_ms, &mut matched);
+            hashes.len()
         };
         let w = &self.config.weights;
         let bound = features.session.and_then(|s| {
@@ -204,15 +233,11 @@ impl Policy {
             .filter(|(_, r)| r.healthy)
             .map(|(i, r)| {
                 let is_saturated = saturated(r);
-                let matched = overlaps
-                    .iter()
-                    .find(|(id, _)| *id == r.id)
-                    .map_or(0, |o| o.1);
                 let signals = Signals {
                     prefix: if is_saturated {
                         0.0
                     } else {
-                        matched as f64 / chunks.max(1) as f64
+                        matched[r.id.0 as usize] / blocks.max(1) as f64
                     },
                     ring: if owner == Some(r.id) { 1.0 } else { 0.0 },
                     load: 1.0

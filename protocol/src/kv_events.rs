@@ -45,7 +45,11 @@ pub struct KvSnapshot {
     pub version: u32,
     pub seq: u64,
     pub block_size: usize,
+    /// Blocks in device memory.
     pub hashes: Vec<u64>,
+    /// Blocks offloaded to host memory.
+    #[serde(default)]
+    pub host_hashes: Vec<u64>,
 }
 
 /// Applies a batch to a set of block hashes (the subscriber's side).

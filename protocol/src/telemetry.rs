@@ -1,10 +1,12 @@
 //! The report an agent pushes to every gateway about its replica (`POST /agent/report` on the
 //! gateway's admin listener, `Authorization: Bearer TOKEN`), every 100 ms by default.
 
+use crate::kv_events::{KvEventBatch, KvSnapshot};
 use serde::{Deserialize, Serialize};
 
 /// The report format this build speaks; a gateway rejects other versions with 400.
-pub const TELEMETRY_VERSION: u32 = 1;
+/// Version 2 added `kv` (KV-cache events) and the gateway's [`ReportReply`].
+pub const TELEMETRY_VERSION: u32 = 2;
 
 /// Where a report is posted, on the gateway's admin listener.
 pub const REPORT_PATH: &str = "/agent/report";
@@ -26,6 +28,32 @@ pub struct TelemetryReport {
     /// The worker answers its health check (when not, `load` is all zeros).
     pub healthy: bool,
     pub load: EngineLoad,
+    /// Changes to the worker's KV cache since the previous report, for engines whose KV events
+    /// the agent reads (the kvgate worker); absent for the others (the gateway then routes
+    /// them by its own approximate index).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv: Option<KvUpdate>,
+}
+
+/// KV-cache state carried by a report: event batches in sequence, after a whole snapshot when
+/// the agent (re)synchronises (first report, worker restart, lost events, or a gateway asked).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvUpdate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<KvSnapshot>,
+    #[serde(default)]
+    pub batches: Vec<KvEventBatch>,
+}
+
+/// The gateway's answer to an accepted report.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportReply {
+    pub status: String,
+    /// The gateway lost track of the replica's KV events (a gap, or it never had a snapshot):
+    /// the next report should carry a snapshot.
+    #[serde(default)]
+    pub kv_snapshot: bool,
 }
 
 /// What an engine says about itself at one moment (an agent's adapters turn each engine's own

@@ -131,7 +131,13 @@ fn explain(gateway: &Gateway, body: &[u8]) -> (u16, Vec<u8>) {
         Endpoint::Completions
     };
     let snap = gateway.snapshot();
-    let result = request::parse(endpoint, body, &snap.config.policy, None, gateway.now_ms())
+    let cx = request::ParseContext {
+        policy: &snap.config.policy,
+        tokenizers: &snap.tokenizers,
+        session_header: None,
+        now_ms: gateway.now_ms(),
+    };
+    let result = request::parse(endpoint, body, &cx)
         .and_then(|routed| gateway.explain(&routed.model, &routed.features));
     match result {
         Ok(v) => (200, json(&v)),

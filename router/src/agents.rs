@@ -2,16 +2,17 @@
 //! bearer token of `agents.token_file`, compared in constant time; they update the replica's
 //! load, KV and health as its agent sees them, and with `agents.join: open` add replicas the
 //! config does not list. A report from a restarted worker voids what the gateway learnt about
-//! its cache.
+//! its cache. KV events in a report feed the precise prefix index; when they cannot be applied
+//! in sequence, the reply asks the agent for a snapshot.
 
 use crate::gateway::Gateway;
-use kvgate_protocol::telemetry::{token_matches, TelemetryReport, TELEMETRY_VERSION};
+use kvgate_protocol::telemetry::{token_matches, ReportReply, TelemetryReport, TELEMETRY_VERSION};
 use kvgate_protocol::{ApiError, ErrorKind};
 
 /// Handles one report; returns the status and JSON body to answer with.
 pub fn take_report(gateway: &Gateway, authorization: Option<&[u8]>, body: &[u8]) -> (u16, Vec<u8>) {
     match accept(gateway, authorization, body) {
-        Ok(()) => (200, br#"{"status":"ok"}"#.to_vec()),
+        Ok(reply) => (200, serde_json::to_vec(&reply).unwrap_or_default()),
         Err(e) => {
             gateway
                 .metrics
@@ -27,7 +28,11 @@ pub fn take_report(gateway: &Gateway, authorization: Option<&[u8]>, body: &[u8])
     }
 }
 
-fn accept(gateway: &Gateway, authorization: Option<&[u8]>, body: &[u8]) -> Result<(), ApiError> {
+fn accept(
+    gateway: &Gateway,
+    authorization: Option<&[u8]>,
+    body: &[u8],
+) -> Result<ReportReply, ApiError> {
     let Some(token) = gateway.agent_token() else {
         return Err(ApiError::new(
             ErrorKind::NotFound,
@@ -43,7 +48,7 @@ fn accept(gateway: &Gateway, authorization: Option<&[u8]>, body: &[u8]) -> Resul
             "missing or wrong bearer token",
         ));
     }
-    let report: TelemetryReport = serde_json::from_slice(body)
+    let mut report: TelemetryReport = serde_json::from_slice(body)
         .map_err(|e| ApiError::new(ErrorKind::InvalidRequest, format!("bad report: {e}")))?;
     if report.version != TELEMETRY_VERSION {
         return Err(ApiError::new(
@@ -55,10 +60,31 @@ fn accept(gateway: &Gateway, authorization: Option<&[u8]>, body: &[u8]) -> Resul
         ));
     }
     let replica = gateway.replica_for_report(&report)?;
+    let kv = report.kv.take();
     let outcome = replica.record_report(report);
     if outcome.restarted {
         tracing::info!(replica = %replica.name, "worker restarted: forgetting its cached prefixes");
         gateway.forget(&replica);
+    }
+    let mut reply = ReportReply {
+        status: "ok".into(),
+        kv_snapshot: false,
+    };
+    if let Some(kv) = kv {
+        let applied = gateway.apply_kv(&replica, &kv);
+        let count = |label: &str, n: usize| {
+            gateway
+                .metrics
+                .kv_event_batches
+                .with_label_values(&[label])
+                .inc_by(n as u64)
+        };
+        count("applied", applied.batches);
+        count("snapshot", usize::from(kv.snapshot.is_some()));
+        if applied.needs_snapshot {
+            count("resync", 1);
+            reply.kv_snapshot = true;
+        }
     }
     if outcome.missed > 0 {
         gateway
@@ -72,5 +98,5 @@ fn accept(gateway: &Gateway, authorization: Option<&[u8]>, body: &[u8]) -> Resul
         .agent_reports
         .with_label_values(&["accepted"])
         .inc();
-    Ok(())
+    Ok(reply)
 }

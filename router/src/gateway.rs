@@ -5,10 +5,11 @@
 use crate::config::{self, ConfigError, GatewayConfig};
 use crate::metrics::Metrics;
 use crate::replica::{AdapterStatus, Freshness, InFlight, ModelMatch, Replica};
+use crate::tokenizers::{self, TokenModes};
 use kvgate_policies::{
-    Candidate, Decision, FleetView, Policy, ReplicaId, ReplicaView, RequestFeatures,
+    Applied, Candidate, Decision, FleetView, Policy, ReplicaId, ReplicaView, RequestFeatures,
 };
-use kvgate_protocol::telemetry::TelemetryReport;
+use kvgate_protocol::telemetry::{KvUpdate, TelemetryReport};
 use kvgate_protocol::{ApiError, ErrorKind};
 use pingora_core::connectors::http::Connector;
 use std::collections::BTreeSet;
@@ -20,6 +21,8 @@ use std::time::Instant;
 pub struct Snapshot {
     pub config: GatewayConfig,
     pub replicas: Vec<Arc<Replica>>,
+    /// Models routed in token mode.
+    pub tokenizers: TokenModes,
 }
 
 impl Snapshot {
@@ -69,9 +72,14 @@ impl Gateway {
         let policy = Policy::new(config.policy.clone());
         let replicas = build_replicas(&config, &[], &[])?;
         let token = read_agent_token(&config)?;
+        let tokenizers = tokenizers::load(&config, &TokenModes::new())?;
         let gateway = Gateway {
             config_path,
-            current: RwLock::new(Arc::new(Snapshot { config, replicas })),
+            current: RwLock::new(Arc::new(Snapshot {
+                config,
+                replicas,
+                tokenizers,
+            })),
             agent_token: RwLock::new(token),
             joined: Mutex::new(Vec::new()),
             epoch: Instant::now(),
@@ -114,6 +122,7 @@ impl Gateway {
         let joined = self.joined.lock().unwrap_or_else(PoisonError::into_inner);
         let replicas = build_replicas(&config, &joined, &old.replicas)?;
         let token = read_agent_token(&config)?;
+        let tokenizers = tokenizers::load(&config, &old.tokenizers)?;
         *self
             .agent_token
             .write()
@@ -122,8 +131,11 @@ impl Gateway {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .set_config(config.policy.clone());
-        *self.current.write().unwrap_or_else(PoisonError::into_inner) =
-            Arc::new(Snapshot { config, replicas });
+        *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(Snapshot {
+            config,
+            replicas,
+            tokenizers,
+        });
         drop(joined);
         self.sync_policy_members();
         tracing::info!("configuration reloaded");
@@ -200,6 +212,7 @@ impl Gateway {
         let snap = Arc::new(Snapshot {
             config: old.config.clone(),
             replicas,
+            tokenizers: old.tokenizers.clone(),
         });
         let joined_replica = find(&snap);
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = snap;
@@ -215,6 +228,14 @@ impl Gateway {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .forget(replica.slot);
+    }
+
+    /// Applies the KV events a replica's agent relayed to the precise prefix index.
+    pub fn apply_kv(&self, replica: &Replica, update: &KvUpdate) -> Applied {
+        self.policy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .apply_kv(replica.slot, update)
     }
 
     fn sync_policy_members(&self) {

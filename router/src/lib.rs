@@ -9,6 +9,7 @@ mod health;
 mod metrics;
 mod proxy;
 mod replica;
+mod tokenizers;
 
 pub use config::{ConfigError, GatewayConfig};
 pub use gateway::Gateway;
@@ -29,7 +30,9 @@ pub enum StartError {
 
 /// Validates a config file: every error, or nothing.
 pub fn check_config(path: &Path) -> Result<GatewayConfig, Vec<ConfigError>> {
-    config::load_file(path)
+    let config = config::load_file(path)?;
+    tokenizers::load(&config, &Default::default())?;
+    Ok(config)
 }
 
 /// Runs the gateway until the process is signalled (SIGINT: fast, SIGTERM: graceful,

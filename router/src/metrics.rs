@@ -32,6 +32,8 @@ pub struct Metrics {
     pub reloads: IntCounterVec,
     /// Agent reports by result: accepted, unauthorized, rejected, missed (sequence gaps).
     pub agent_reports: IntCounterVec,
+    /// KV-event batches from agents: applied, snapshot (received), resync (snapshot asked for).
+    pub kv_event_batches: IntCounterVec,
 }
 
 impl Metrics {
@@ -118,6 +120,11 @@ impl Metrics {
             agent_reports: counter(
                 "kvgate_agent_reports_total",
                 "Telemetry reports from agents, by result",
+                &["result"],
+            )?,
+            kv_event_batches: counter(
+                "kvgate_kv_event_batches_total",
+                "KV-event batches and snapshots relayed by agents, and snapshots asked for",
                 &["result"],
             )?,
             registry,

@@ -39,6 +39,24 @@ pub struct GatewayConfig {
     /// Telemetry from agents (`POST /agent/report` on the admin listener). Off when absent.
     #[serde(default)]
     pub agents: Option<AgentsConfig>,
+    /// Token mode: models whose prompts the gateway tokenizes and hashes as their workers do,
+    /// so that the workers' KV events locate each prompt's blocks exactly. Other models are
+    /// routed in text mode.
+    #[serde(default)]
+    pub tokenizers: Vec<TokenizerConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizerConfig {
+    /// The model name requests use and the workers serve (it seeds the block hashes).
+    pub model: String,
+    /// A GGUF file (its metadata: tokenizer and chat template) or a `tokenizer.json` (chat
+    /// template from the `tokenizer_config.json` beside it).
+    pub path: std::path::PathBuf,
+    /// Tokens per KV block on the workers (`kvgate worker --block-size`).
+    #[serde(default = "defaults::block_size")]
+    pub block_size: usize,
 }
 
 /// The agents' bearer token from `path` (surrounding whitespace trimmed; must not be empty).
@@ -211,5 +229,8 @@ mod defaults {
     }
     pub fn exclude_after_ms() -> u64 {
         5_000
+    }
+    pub fn block_size() -> usize {
+        16
     }
 }

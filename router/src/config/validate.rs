@@ -37,6 +37,9 @@ pub fn resolve_url(url: &str) -> Result<Upstream, String> {
     })
 }
 
+/// Largest KV block accepted, in tokens.
+const MAX_BLOCK_SIZE: usize = 1024;
+
 pub(super) fn validate(c: &GatewayConfig) -> Vec<ConfigError> {
     let mut errors = Vec::new();
     let mut err = |path: String, message: String| {
@@ -109,6 +112,30 @@ pub(super) fn validate(c: &GatewayConfig) -> Vec<ConfigError> {
         }
         if let Err(e) = super::read_token(&a.token_file) {
             err("agents.token_file".into(), e);
+        }
+    }
+    let mut tokenized = HashSet::new();
+    for (i, t) in c.tokenizers.iter().enumerate() {
+        if t.model.trim().is_empty() {
+            err(format!("tokenizers[{i}].model"), "must not be empty".into());
+        }
+        if !tokenized.insert(t.model.as_str()) {
+            err(
+                format!("tokenizers[{i}].model"),
+                format!("`{}` has a tokenizer already", t.model),
+            );
+        }
+        if !(1..=MAX_BLOCK_SIZE).contains(&t.block_size) {
+            err(
+                format!("tokenizers[{i}].block_size"),
+                format!("must be 1 to {MAX_BLOCK_SIZE}, got {}", t.block_size),
+            );
+        }
+        if !t.path.is_file() {
+            err(
+                format!("tokenizers[{i}].path"),
+                format!("{} is not a readable file", t.path.display()),
+            );
         }
     }
     let mut names = HashSet::new();

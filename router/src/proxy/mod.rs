@@ -168,13 +168,13 @@ impl ProxyApp {
         let session_id = session
             .get_header("x-session-id")
             .map(|v| v.as_bytes().to_vec());
-        let routed = match request::parse(
-            endpoint,
-            &body,
-            &snapshot.config.policy,
-            session_id.as_deref(),
-            gateway.now_ms(),
-        ) {
+        let cx = request::ParseContext {
+            policy: &snapshot.config.policy,
+            tokenizers: &snapshot.tokenizers,
+            session_header: session_id.as_deref(),
+            now_ms: gateway.now_ms(),
+        };
+        let routed = match request::parse(endpoint, &body, &cx) {
             Ok(r) => r,
             Err(error) => return self.reject(session, route_label, error, request_id).await,
         };

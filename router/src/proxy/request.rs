@@ -1,8 +1,9 @@
 //! Parsing a request body into what routing needs. The body itself is forwarded unchanged.
 
+use crate::tokenizers::{TokenMode, TokenModes};
 use kvgate_policies::{PolicyConfig, RequestFeatures};
 use kvgate_protocol::openai::{Endpoint, GenerationRequest, Prompt};
-use kvgate_protocol::{text_chunk_hashes, ApiError, HashSeed};
+use kvgate_protocol::{block_hashes, text_chunk_hashes, ApiError, HashSeed};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 #[derive(Debug, Clone)]
@@ -11,17 +12,71 @@ pub struct RoutedRequest {
     pub features: RequestFeatures,
 }
 
-/// `session_header` is the request's `x-session-id`; without one, the body's `user` names the
-/// session. `now_ms` is the gateway's clock.
+/// What a request is parsed with.
+pub struct ParseContext<'a> {
+    pub policy: &'a PolicyConfig,
+    /// Models routed in token mode.
+    pub tokenizers: &'a TokenModes,
+    /// The request's `x-session-id`; without one, the body's `user` names the session.
+    pub session_header: Option<&'a [u8]>,
+    /// The gateway's clock.
+    pub now_ms: u64,
+}
+
+/// Token mode for models with a tokenizer (the prompt's ids hashed into blocks as the worker
+/// will), text mode otherwise.
 pub fn parse(
     endpoint: Endpoint,
     body: &[u8],
-    policy: &PolicyConfig,
-    session_header: Option<&[u8]>,
-    now_ms: u64,
+    cx: &ParseContext<'_>,
 ) -> Result<RoutedRequest, ApiError> {
     let request = GenerationRequest::parse(endpoint, body)?;
-    let text = match (&request.messages, &request.prompt) {
+    let session = cx
+        .session_header
+        .filter(|h| !h.is_empty())
+        .or(request.user.as_deref().map(str::as_bytes))
+        .map(|key| xxh3_64_with_seed(key, HashSeed::new(&request.model, None, "session").0));
+    let features = match cx.tokenizers.get(&request.model) {
+        Some(mode) => token_features(mode, endpoint, &request, cx.policy)?,
+        None => features(&request.model, &text_of(endpoint, &request), cx.policy),
+    };
+    Ok(RoutedRequest {
+        features: RequestFeatures {
+            session,
+            now_ms: cx.now_ms,
+            ..features
+        },
+        model: request.model,
+    })
+}
+
+/// Token-mode features: the prompt's block hashes, and the ring key from its first
+/// `ring_key_chunks` blocks (the whole prompt when it is shorter than one block).
+fn token_features(
+    mode: &TokenMode,
+    endpoint: Endpoint,
+    request: &GenerationRequest,
+    policy: &PolicyConfig,
+) -> Result<RequestFeatures, ApiError> {
+    let (ids, _) = mode.prompt.prompt_ids(endpoint, request)?;
+    let hashes = block_hashes(mode.seed, &ids, mode.config.block_size);
+    let ring_key = match hashes.len() {
+        0 => {
+            let bytes: Vec<u8> = ids.iter().flat_map(|t| t.to_le_bytes()).collect();
+            xxh3_64_with_seed(&bytes, mode.seed.0)
+        }
+        n => hashes[n.min(policy.ring_key_chunks.max(1)) - 1],
+    };
+    Ok(RequestFeatures {
+        block_hashes: hashes,
+        ring_key,
+        ..RequestFeatures::default()
+    })
+}
+
+/// The text hashed in text mode: chat messages' roles and contents, or the prompt.
+fn text_of(endpoint: Endpoint, request: &GenerationRequest) -> Vec<u8> {
+    match (&request.messages, &request.prompt) {
         (Some(messages), _) if endpoint == Endpoint::Chat => {
             let mut text = String::new();
             for m in messages {
@@ -36,19 +91,7 @@ pub fn parse(
         }
         (_, Some(prompt)) => prompt_bytes(prompt),
         _ => Vec::new(),
-    };
-    let session = session_header
-        .filter(|h| !h.is_empty())
-        .or(request.user.as_deref().map(str::as_bytes))
-        .map(|key| xxh3_64_with_seed(key, HashSeed::new(&request.model, None, "session").0));
-    Ok(RoutedRequest {
-        features: RequestFeatures {
-            session,
-            now_ms,
-            ..features(&request.model, &text, policy)
-        },
-        model: request.model,
-    })
+    }
 }
 
 /// Text-mode features: chained chunk hashes of the prompt, and the ring key from its first
@@ -86,7 +129,13 @@ mod tests {
     use super::*;
 
     fn err(endpoint: Endpoint, body: &str) -> ApiError {
-        parse(endpoint, body.as_bytes(), &PolicyConfig::default(), None, 0).unwrap_err()
+        let cx = ParseContext {
+            policy: &PolicyConfig::default(),
+            tokenizers: &TokenModes::new(),
+            session_header: None,
+            now_ms: 0,
+        };
+        parse(endpoint, body.as_bytes(), &cx).unwrap_err()
     }
 
     #[test]

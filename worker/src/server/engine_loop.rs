@@ -147,6 +147,8 @@ fn handle(
                 seq,
                 block_size: engine.config().block_size,
                 hashes,
+                // The engine has no host tier yet.
+                host_hashes: Vec::new(),
             });
         }
     }

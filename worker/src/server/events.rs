@@ -62,10 +62,11 @@ impl EventLog {
     }
 
     /// Batches from `from` on that are retained, and a live feed for the rest (subscribed
-    /// under the same lock, so nothing falls between them).
+    /// under the same lock, so nothing falls between them). A `from` past the next batch is
+    /// gone too: the subscriber knew a log from before a restart.
     pub fn subscribe(&self, from: u64) -> Result<Subscription, Gone> {
         let oldest = self.retained.front().map_or(self.next_seq, |b| b.seq);
-        if from < oldest && from < self.next_seq {
+        if (from < oldest && from < self.next_seq) || from > self.next_seq {
             return Err(Gone { oldest });
         }
         let replay = self
@@ -98,7 +99,12 @@ mod tests {
         assert_eq!(replay.iter().map(|b| b.seq).collect::<Vec<_>>(), vec![2, 3]);
         assert!(
             log.subscribe(4).unwrap().replay.is_empty(),
-            "the future is live only"
+            "the next batch is live only"
+        );
+        assert_eq!(
+            log.subscribe(9).unwrap_err(),
+            Gone { oldest: 2 },
+            "a log from before a restart"
         );
     }
 }

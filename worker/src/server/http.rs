@@ -321,13 +321,27 @@ async fn snapshot(ctx: &Context) -> Reply {
     }
 }
 
-/// `GET /kv/events?from=SEQ`: NDJSON batches from `from` (default: the next one), then live.
-/// 410 when `from` is no longer retained: take `/kv/snapshot` and replay from its `seq + 1`.
+/// `GET /kv/events?from=SEQ[&follow=false]`: NDJSON batches from `from` (default: the next
+/// one), then live; with `follow=false` the body ends after the retained ones (agents poll
+/// this way once per report). 410 when `from` is no longer retained or is past the log (the
+/// worker restarted): take `/kv/snapshot` and replay from its `seq + 1`.
 fn events(ctx: &Context, query: &str) -> Reply {
-    let from = query
-        .split('&')
-        .find_map(|kv| kv.strip_prefix("from="))
-        .map(str::parse::<u64>);
+    let param = |name: &str| {
+        query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+    };
+    let from = param("from").map(str::parse::<u64>);
+    let follow = match param("follow") {
+        None | Some("true") | Some("1") => true,
+        Some("false") | Some("0") => false,
+        Some(_) => {
+            return error(
+                &ApiError::new(ErrorKind::InvalidRequest, "`follow` must be true or false")
+                    .with_param("follow"),
+            )
+        }
+    };
     let log = ctx
         .shared
         .events
@@ -356,13 +370,20 @@ fn events(ctx: &Context, query: &str) -> Reply {
         }
     };
     drop(log);
+    let line = |b: &kvgate_protocol::kv_events::KvEventBatch| {
+        let mut s = serde_json::to_string(b).unwrap_or_default();
+        s.push('\n');
+        s
+    };
+    if !follow {
+        let body: String = replay.iter().map(|b| line(b)).collect();
+        return with_type(Response::new(full(body)), "application/x-ndjson");
+    }
+    let line = move |b: &kvgate_protocol::kv_events::KvEventBatch| -> Chunk {
+        Ok(Frame::data(Bytes::from(line(b))))
+    };
     let (tx, rx) = mpsc::channel::<Chunk>(64);
     tokio::spawn(async move {
-        let line = |b: &kvgate_protocol::kv_events::KvEventBatch| {
-            let mut s = serde_json::to_string(b).unwrap_or_default();
-            s.push('\n');
-            Ok(Frame::data(Bytes::from(s)))
-        };
         let mut next = from;
         for batch in replay {
             next = batch.seq + 1;

@@ -1,0 +1,415 @@
+//! Precise prefix index (token mode): block hash → the replicas that hold the block and in
+//! which tier, fed by the workers' KV events, which name exactly the hashes the gateway computes
+//! from the prompt's token ids. A routing decision adds short-lived speculative entries for
+//! the chosen replica, covering the time until its stored-block events arrive.
+//!
+//! Each replica's events apply in sequence; a gap (or no snapshot yet) makes
+//! [`PreciseIndex::apply`] ask for a snapshot, which replaces what the replica held.
+
+use crate::ReplicaId;
+use kvgate_protocol::kv_events::{KvEvent, KvEventBatch, KvSnapshot, Tier};
+use kvgate_protocol::telemetry::KvUpdate;
+use kvgate_protocol::HashKeyMap;
+use std::collections::VecDeque;
+
+const DEVICE: u8 = 1;
+const HOST: u8 = 2;
+
+fn tier_bit(tier: Tier) -> u8 {
+    match tier {
+        Tier::Device => DEVICE,
+        Tier::Host => HOST,
+    }
+}
+
+/// How much a held block is worth to a request: a device block is reused as it is, a host
+/// block must first be copied back.
+fn block_value(tiers: u8) -> f64 {
+    if tiers & DEVICE != 0 {
+        1.0
+    } else if tiers & HOST != 0 {
+        0.5
+    } else {
+        0.0
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct ReplicaBlocks {
+    /// Block hash → tiers it is held in.
+    blocks: HashKeyMap<u8>,
+    /// The last event batch applied; `None` until a snapshot.
+    seq: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct PreciseIndex {
+    /// Block hash → (replica, tiers).
+    holders: HashKeyMap<Vec<(ReplicaId, u8)>>,
+    per_replica: Vec<ReplicaBlocks>,
+    /// Block hash → (replica, expiry ms) of routing decisions not yet confirmed by events.
+    speculative: HashKeyMap<Vec<(ReplicaId, u64)>>,
+    /// Speculative entries in expiry order, for purging.
+    expiries: VecDeque<(u64, ReplicaId, u64)>,
+}
+
+/// What applying a report's KV update did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Applied {
+    pub batches: usize,
+    /// Events were missing (or there was no snapshot yet): the replica's agent should send one.
+    pub needs_snapshot: bool,
+}
+
+impl PreciseIndex {
+    /// (replica, block) entries held from events.
+    pub fn len(&self) -> usize {
+        self.per_replica.iter().map(|r| r.blocks.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn replica_mut(&mut self, replica: ReplicaId) -> &mut ReplicaBlocks {
+        let slot = replica.0 as usize;
+        if self.per_replica.len() <= slot {
+            self.per_replica
+                .resize_with(slot + 1, ReplicaBlocks::default);
+        }
+        &mut self.per_replica[slot]
+    }
+
+    /// Applies a replica's KV update: its snapshot replaces what it held, then batches in
+    /// sequence (already-seen ones are skipped; a gap stops the update and asks for a snapshot).
+    pub fn apply(&mut self, replica: ReplicaId, update: &KvUpdate) -> Applied {
+        if let Some(snapshot) = &update.snapshot {
+            self.load_snapshot(replica, snapshot);
+        }
+        let mut applied = Applied::default();
+        for batch in &update.batches {
+            match self.replica_mut(replica).seq {
+                Some(seq) if batch.seq <= seq => continue,
+                Some(seq) if batch.seq == seq + 1 => {}
+                _ => {
+                    applied.needs_snapshot = true;
+                    return applied;
+                }
+            }
+            self.apply_batch(replica, batch);
+            applied.batches += 1;
+        }
+        applied.needs_snapshot = self.replica_mut(replica).seq.is_none();
+        applied
+    }
+
+    fn load_snapshot(&mut self, replica: ReplicaId, snapshot: &KvSnapshot) {
+        self.clear_replica(replica);
+        for &h in &snapshot.hashes {
+            self.add(replica, h, DEVICE);
+        }
+        for &h in &snapshot.host_hashes {
+            self.add(replica, h, HOST);
+        }
+        self.replica_mut(replica).seq = Some(snapshot.seq);
+    }
+
+    fn apply_batch(&mut self, replica: ReplicaId, batch: &KvEventBatch) {
+        for event in &batch.events {
+            match event {
+                KvEvent::Stored { hashes, tier, .. } => {
+                    for &h in hashes {
+                        self.add(replica, h, tier_bit(*tier));
+                    }
+                }
+                KvEvent::Removed { hashes, tier } => {
+                    for &h in hashes {
+                        self.remove(replica, h, tier_bit(*tier));
+                    }
+                }
+                KvEvent::AllCleared => {
+                    let seq = self.replica_mut(replica).seq;
+                    self.clear_replica(replica);
+                    self.replica_mut(replica).seq = seq;
+                }
+            }
+        }
+        self.replica_mut(replica).seq = Some(batch.seq);
+    }
+
+    fn add(&mut self, replica: ReplicaId, hash: u64, bit: u8) {
+        let tiers = self.replica_mut(replica).blocks.entry(hash).or_insert(0);
+        *tiers |= bit;
+        let tiers = *tiers;
+        let holders = self.holders.entry(hash).or_default();
+        match holders.iter_mut().find(|(r, _)| *r == replica) {
+            Some(h) => h.1 = tiers,
+            None => holders.push((replica, tiers)),
+        }
+    }
+
+    fn remove(&mut self, replica: ReplicaId, hash: u64, bit: u8) {
+        let blocks = &mut self.replica_mut(replica).blocks;
+        let Some(tiers) = blocks.get_mut(&hash) else {
+            return;
+        };
+        *tiers &= !bit;
+        let tiers = *tiers;
+        if tiers == 0 {
+            blocks.remove(&hash);
+        }
+        if let Some(holders) = self.holders.get_mut(&hash) {
+            if tiers == 0 {
+                holders.retain(|(r, _)| *r != replica);
+            } else if let Some(h) = holders.iter_mut().find(|(r, _)| *r == replica) {
+                h.1 = tiers;
+            }
+            if holders.is_empty() {
+                self.holders.remove(&hash);
+            }
+        }
+    }
+
+    /// Forgets everything `replica` held, and its event sequence (it restarted or left): its
+    /// next update must start with a snapshot.
+    pub fn clear_replica(&mut self, replica: ReplicaId) {
+        let old = std::mem::take(self.replica_mut(replica));
+        for hash in old.blocks.keys() {
+            if let Some(holders) = self.holders.get_mut(hash) {
+                holders.retain(|(r, _)| *r != replica);
+                if holders.is_empty() {
+                    self.holders.remove(hash);
+                }
+            }
+        }
+        for list in self.speculative.values_mut() {
+            list.retain(|(r, _)| *r != replica);
+        }
+    }
+
+    /// Notes that `replica` was sent a prompt with these blocks: until `expires_ms`, they
+    /// count as held there.
+    pub fn speculate(&mut self, replica: ReplicaId, hashes: &[u64], now_ms: u64, expires_ms: u64) {
+        self.purge_expired(now_ms);
+        for &hash in hashes {
+            let list = self.speculative.entry(hash).or_default();
+            match list.iter_mut().find(|(r, _)| *r == replica) {
+                Some(entry) => entry.1 = expires_ms,
+                None => list.push((replica, expires_ms)),
+            }
+            self.expiries.push_back((expires_ms, replica, hash));
+        }
+    }
+
+    /// Speculative entries live (for tests and metrics).
+    pub fn speculative_len(&self) -> usize {
+        self.speculative.values().map(Vec::len).sum()
+    }
+
+    fn purge_expired(&mut self, now_ms: u64) {
+        while let Some(&(expires, replica, hash)) = self.expiries.front() {
+            if expires > now_ms {
+                break;
+            }
+            self.expiries.pop_front();
+            if let Some(list) = self.speculative.get_mut(&hash) {
+                // A later decision may have extended the entry: only drop it if it is due.
+                list.retain(|&(r, e)| r != replica || e > now_ms);
+                if list.is_empty() {
+                    self.speculative.remove(&hash);
+                }
+            }
+        }
+    }
+
+    /// For each replica holding a leading run of `hashes` (from events, or speculatively until
+    /// `now_ms`), the run's worth in blocks: 1 per device block, 0.5 per host block. Written
+    /// into `matched`, indexed by replica slot (which must be long enough).
+    pub fn overlaps(&self, hashes: &[u64], now_ms: u64, matched: &mut [f64]) {
+        let mut alive: Vec<ReplicaId> = Vec::new();
+        for (i, hash) in hashes.iter().enumerate() {
+            let held = self.holders.get(hash);
+            let guessed = self.speculative.get(hash);
+            let tiers_of = |r: ReplicaId| {
+                let real = held
+                    .and_then(|h| h.iter().find(|(x, _)| *x == r))
+                    .map_or(0, |h| h.1);
+                let guess = guessed.is_some_and(|g| g.iter().any(|&(x, e)| x == r && e > now_ms));
+                real | if guess { DEVICE } else { 0 }
+            };
+            if i == 0 {
+                let mut first: Vec<ReplicaId> =
+                    held.iter().flat_map(|h| h.iter().map(|x| x.0)).collect();
+                first.extend(
+                    guessed
+                        .iter()
+                        .flat_map(|g| g.iter().filter(|x| x.1 > now_ms).map(|x| x.0)),
+                );
+                first.sort_unstable();
+                first.dedup();
+                alive = first;
+            }
+            alive.retain(|&r| {
+                let value = block_value(tiers_of(r));
+                if value > 0.0 {
+                    if let Some(m) = matched.get_mut(r.0 as usize) {
+                        *m += value;
+                    }
+                }
+                value > 0.0
+            });
+            if alive.is_empty() {
+                break;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvgate_protocol::kv_events::KV_EVENTS_VERSION;
+
+    const A: ReplicaId = ReplicaId(0);
+    const B: ReplicaId = ReplicaId(1);
+
+    fn stored(seq: u64, hashes: &[u64], tier: Tier) -> KvEventBatch {
+        KvEventBatch {
+            version: KV_EVENTS_VERSION,
+            seq,
+            events: vec![KvEvent::Stored {
+                hashes: hashes.to_vec(),
+                parent: None,
+                tier,
+            }],
+        }
+    }
+
+    fn snapshot(seq: u64, hashes: &[u64]) -> KvUpdate {
+        KvUpdate {
+            snapshot: Some(KvSnapshot {
+                version: KV_EVENTS_VERSION,
+                seq,
+                block_size: 16,
+                hashes: hashes.to_vec(),
+                host_hashes: vec![],
+            }),
+            batches: vec![],
+        }
+    }
+
+    fn batches(b: Vec<KvEventBatch>) -> KvUpdate {
+        KvUpdate {
+            snapshot: None,
+            batches: b,
+        }
+    }
+
+    fn overlaps(idx: &PreciseIndex, hashes: &[u64], now: u64) -> Vec<f64> {
+        let mut m = vec![0.0; 2];
+        idx.overlaps(hashes, now, &mut m);
+        m
+    }
+
+    #[test]
+    fn events_apply_in_sequence_and_a_gap_asks_for_a_snapshot() {
+        let mut idx = PreciseIndex::default();
+        let first = idx.apply(A, &batches(vec![stored(1, &[1], Tier::Device)]));
+        assert!(first.needs_snapshot, "no snapshot yet");
+        assert_eq!(first.batches, 0);
+        assert!(!idx.apply(A, &snapshot(3, &[1, 2])).needs_snapshot);
+        let ok = idx.apply(
+            A,
+            &batches(vec![
+                stored(3, &[9], Tier::Device),
+                stored(4, &[3], Tier::Device),
+            ]),
+        );
+        assert_eq!(
+            ok,
+            Applied {
+                batches: 1,
+                needs_snapshot: false
+            },
+            "3 was in the snapshot"
+        );
+        assert_eq!(overlaps(&idx, &[1, 2, 3, 4], 0), vec![3.0, 0.0]);
+        let gap = idx.apply(A, &batches(vec![stored(6, &[4], Tier::Device)]));
+        assert!(gap.needs_snapshot);
+        assert_eq!(
+            overlaps(&idx, &[1, 2, 3, 4], 0),
+            vec![3.0, 0.0],
+            "nothing applied past a gap"
+        );
+        idx.apply(A, &snapshot(6, &[7]));
+        assert_eq!(
+            overlaps(&idx, &[1, 2, 3], 0),
+            vec![0.0, 0.0],
+            "the snapshot replaced it all"
+        );
+        assert_eq!(idx.len(), 1);
+    }
+
+    #[test]
+    fn tiers_and_removals() {
+        let mut idx = PreciseIndex::default();
+        idx.apply(A, &snapshot(0, &[1, 2]));
+        idx.apply(B, &snapshot(0, &[1]));
+        idx.apply(
+            B,
+            &batches(vec![
+                stored(1, &[2], Tier::Device),
+                stored(2, &[3], Tier::Host),
+            ]),
+        );
+        assert_eq!(
+            overlaps(&idx, &[1, 2, 3], 0),
+            vec![2.0, 2.5],
+            "a host block is worth half"
+        );
+        let remove = KvEventBatch {
+            version: KV_EVENTS_VERSION,
+            seq: 3,
+            events: vec![KvEvent::Removed {
+                hashes: vec![2],
+                tier: Tier::Device,
+            }],
+        };
+        idx.apply(B, &batches(vec![remove]));
+        assert_eq!(
+            overlaps(&idx, &[1, 2, 3], 0),
+            vec![2.0, 1.0],
+            "the run ends at a removed block"
+        );
+        let cleared = KvEventBatch {
+            version: KV_EVENTS_VERSION,
+            seq: 1,
+            events: vec![KvEvent::AllCleared],
+        };
+        assert!(!idx.apply(A, &batches(vec![cleared])).needs_snapshot);
+        assert_eq!(overlaps(&idx, &[1], 0), vec![0.0, 1.0]);
+        idx.clear_replica(B);
+        assert!(idx.is_empty());
+        assert!(
+            idx.apply(B, &batches(vec![])).needs_snapshot,
+            "a cleared replica resynchronises"
+        );
+    }
+
+    #[test]
+    fn speculative_entries_count_until_they_expire() {
+        let mut idx = PreciseIndex::default();
+        idx.speculate(A, &[1, 2], 100, 200);
+        assert_eq!(overlaps(&idx, &[1, 2, 3], 150), vec![2.0, 0.0]);
+        idx.speculate(A, &[1], 190, 400);
+        assert_eq!(
+            overlaps(&idx, &[1, 2], 250),
+            vec![1.0, 0.0],
+            "block 2's guess expired"
+        );
+        idx.speculate(B, &[5], 300, 310);
+        assert_eq!(idx.speculative_len(), 2, "expired guesses are purged");
+        idx.clear_replica(A);
+        assert_eq!(overlaps(&idx, &[1], 300), vec![0.0, 0.0]);
+    }
+}

@@ -1,0 +1,178 @@
+//! Token mode end to end: four sim workers, each with an agent relaying its KV events, behind
+//! a gateway that tokenizes prompts with the model's GGUF and hashes them as the workers do.
+//! With 20 shared-prefix groups, each group's requests go to the replica that holds its blocks
+//! (known from events, not from the gateway's own guesses, which expire first); a saturated
+//! holder makes its group spill, and the group returns when the holder recovers.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::*;
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "precise-test-token";
+const GROUPS: usize = 20;
+const ROUNDS: usize = 5;
+
+fn system_prompt(group: usize) -> String {
+    let topics = ["invoices", "shipping", "returns", "accounts", "gift cards"];
+    format!(
+        "You are assistant number {group} of the shop. You answer questions about {} only. {}",
+        topics[group % topics.len()],
+        format!("Rule {group}: be brief, be kind, cite the policy section of group {group}. ")
+            .repeat(8)
+    )
+}
+
+fn ask(group: usize, question: usize, max_tokens: u32) -> serde_json::Value {
+    serde_json::json!({
+        "model": MODEL,
+        "max_tokens": max_tokens,
+        "messages": [
+            {"role": "system", "content": system_prompt(group)},
+            {"role": "user", "content": format!("Question {question}: where is my parcel?")},
+        ],
+    })
+}
+
+/// Sends a chat request and waits until the gateway has let it go (a request still counted
+/// in flight can tip its replica over the load bound, where stickiness yields).
+async fn settled(gw: &Gateway, body: &serde_json::Value) -> String {
+    let a = send(&client(), &gw.url(), "/v1/chat/completions", body).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    gw.wait_until(|rs| rs.iter().all(|r| r["in_flight"] == 0))
+        .await;
+    a.replica.unwrap()
+}
+
+async fn explain(gw: &Gateway, body: &serde_json::Value) -> serde_json::Value {
+    let r = client()
+        .post(format!("{}/admin/explain", gw.admin()))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.json().await.unwrap()
+}
+
+fn counter(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_stay_where_their_blocks_are() {
+    let mut workers = Vec::new();
+    for _ in 0..4 {
+        workers.push(SimWorker::start(&["--time-scale", "0.05"]).await);
+    }
+    let token = std::env::temp_dir().join(format!("kvgate-precise-token-{}", workers[0].port));
+    std::fs::write(&token, TOKEN).unwrap();
+    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    // Guesses expire after 300 ms: later decisions rest on the workers' events alone.
+    let yaml = format!(
+        "agents:\n  token_file: \"{}\"\ntokenizers:\n  - model: {MODEL}\n    path: \"{}\"\n    block_size: 16\npolicy:\n  speculative_ttl_ms: 300\n",
+        token.display(),
+        model.display()
+    );
+    let upstreams: Vec<&dyn Upstream> = workers.iter().map(|w| w as &dyn Upstream).collect();
+    let gw = Gateway::start(&upstreams, &yaml).await;
+    let _agents: Vec<Proc> = workers
+        .iter()
+        .map(|w| {
+            let mut cmd = kvgate();
+            cmd.args(["agent", "--gateway", &gw.admin(), "--token-file"])
+                .arg(&token)
+                .args(["--url", &w.url(), "--replica-id", &Upstream::id(w)]);
+            spawn(cmd, &format!("agent-{}", w.port))
+        })
+        .collect();
+    gw.wait_until(|rs| rs.iter().all(|r| r["freshness"] == "fresh"))
+        .await;
+
+    // Each group's first request places its blocks.
+    let mut home = Vec::new();
+    for g in 0..GROUPS {
+        home.push(settled(&gw, &ask(g, 0, 4)).await);
+    }
+    let spread: std::collections::BTreeSet<&String> = home.iter().collect();
+    assert!(spread.len() >= 3, "groups spread over the fleet: {home:?}");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let metrics = gw.metrics().await;
+    assert!(
+        counter(
+            &metrics,
+            "kvgate_kv_event_batches_total{result=\"applied\"}"
+        ) > 0.0,
+        "{metrics}"
+    );
+
+    // A new question of group 0: its home holds the system prompt's blocks, by events alone.
+    let e = explain(&gw, &ask(0, 99, 4)).await;
+    for c in e["candidates"].as_array().unwrap() {
+        let prefix = c["score"]["signals"]["prefix"].as_f64().unwrap();
+        if c["replica"] == home[0].as_str() {
+            assert!(prefix > 0.8, "the home holds most blocks: {e:#}");
+        } else {
+            assert_eq!(prefix, 0.0, "no other replica does: {e:#}");
+        }
+    }
+
+    let (mut hits, mut total) = (0, 0);
+    for round in 1..=ROUNDS {
+        for (g, home) in home.iter().enumerate() {
+            total += 1;
+            if settled(&gw, &ask(g, round, 4)).await == *home {
+                hits += 1;
+            }
+        }
+    }
+    let locality = f64::from(hits) / f64::from(total);
+    println!("locality: {hits}/{total} = {locality:.3}");
+    assert!(locality >= 0.95, "locality {hits}/{total}");
+
+    // Saturate group 0's home with a long request: the group spills, then returns.
+    let long = tokio::spawn({
+        let (url, body) = (gw.url(), ask(0, 100, 600));
+        async move { send(&client(), &url, "/v1/chat/completions", &body).await }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let rs = gw.replicas().await;
+        if rs
+            .iter()
+            .any(|r| r["id"] == home[0].as_str() && r["in_flight"] == 1)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the long request never started: {rs:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let spilled = send(
+        &client(),
+        &gw.url(),
+        "/v1/chat/completions",
+        &ask(0, 101, 4),
+    )
+    .await;
+    assert_ne!(
+        spilled.replica.as_ref(),
+        Some(&home[0]),
+        "a saturated home is passed over"
+    );
+    assert_eq!(long.await.unwrap().replica.as_ref(), Some(&home[0]));
+    gw.wait_until(|rs| rs.iter().all(|r| r["in_flight"] == 0))
+        .await;
+    assert_eq!(
+        settled(&gw, &ask(0, 102, 4)).await,
+        home[0],
+        "recovered, the group returns"
+    );
+}
