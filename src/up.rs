@@ -94,12 +94,16 @@ pub fn run(config: UpConfig) -> Result<(), String> {
     Ok(())
 }
 
+/// The gateway routes the workers' model in token mode, with the workers' own GGUF.
 fn gateway_yaml(config: &UpConfig, token_file: &Path) -> String {
+    let model = std::fs::canonicalize(&config.model).unwrap_or_else(|_| config.model.clone());
     format!(
-        "listen: \"127.0.0.1:{}\"\nadmin_listen: \"127.0.0.1:{}\"\nreplicas: []\nagents:\n  token_file: \"{}\"\n  join: open\n",
+        "listen: \"127.0.0.1:{}\"\nadmin_listen: \"127.0.0.1:{}\"\nreplicas: []\nagents:\n  token_file: \"{}\"\n  join: open\ntokenizers:\n  - model: \"{}\"\n    path: \"{}\"\n",
         config.port,
         config.admin_port,
-        token_file.display()
+        token_file.display(),
+        config.served_model_name,
+        model.display()
     )
 }
 

@@ -1,44 +1,94 @@
 //! Decision-time percentiles (criterion reports means): times 200,000 single decisions at 8,
-//! 64 and 1024 replicas with 1M prefix chunks indexed, half warm prefixes, half cold.
+//! 64 and 1024 replicas, half warm prefixes, half cold; in text mode with 1M prefix chunks
+//! indexed, then in token mode with 1M blocks known from KV events (each decision there also
+//! records its speculative entries, as the gateway does).
 //! Run: `cargo bench -p kvgate-policies --bench decision_percentiles`
 // Benchmarks are not request paths: failing loudly is what they should do.
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 mod fleet;
 
-use fleet::{prompt, setup, INDEXED_CHUNKS};
-use kvgate_policies::FleetView;
+use fleet::{prompt, setup, setup_precise, token_prompt, INDEXED_BLOCKS, INDEXED_CHUNKS};
+use kvgate_policies::{FleetView, RequestFeatures};
 use std::hint::black_box;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 const DECISIONS: usize = 200_000;
 
 fn main() {
-    println!("| replicas | p50 µs | p99 µs | p99.9 µs |");
-    println!("|---:|---:|---:|---:|");
+    println!("| mode | replicas | p50 µs | p99 µs | p99.9 µs |");
+    println!("|---|---:|---:|---:|---:|");
     for replicas in [8u32, 64, 1024] {
-        let (policy, fleet, prompts) = setup(replicas);
+        let (policy, fleet, warm) = setup(replicas);
         let cold: Vec<_> = (0..1000).map(|i| prompt(INDEXED_CHUNKS + i)).collect();
-        let mut samples = Vec::with_capacity(DECISIONS);
-        for i in 0..DECISIONS {
-            let features = if i % 2 == 0 {
-                &prompts[(i * 7919) % prompts.len()]
-            } else {
-                &cold[i % cold.len()]
-            };
+        let samples = time(|i| {
+            let f = pick(&warm, &cold, i);
             let started = Instant::now();
-            black_box(policy.select(features, FleetView { replicas: &fleet }));
-            samples.push(started.elapsed().as_nanos() as u64);
-        }
-        samples.sort_unstable();
-        let pct = |p: f64| {
-            samples[((samples.len() as f64 * p) as usize).min(samples.len() - 1)] as f64 / 1000.0
-        };
-        println!(
-            "| {replicas} | {:.2} | {:.2} | {:.2} |",
-            pct(0.50),
-            pct(0.99),
-            pct(0.999)
-        );
+            black_box(policy.select(f, FleetView { replicas: &fleet }));
+            started.elapsed()
+        });
+        report("text", replicas, samples);
+        let (mut precise, fleet, mut warm) = setup_precise(replicas);
+        assert!(precise.precise_index().len() >= INDEXED_BLOCKS - 256);
+        let mut cold: Vec<_> = (0..1000)
+            .map(|i| token_prompt(INDEXED_BLOCKS + i))
+            .collect();
+        let samples = time(|i| {
+            // The gateway's clock advances 1 ms per decision.
+            let now_ms = i as u64;
+            let f = pick_mut(&mut warm, &mut cold, i);
+            f.now_ms = now_ms;
+            let started = Instant::now();
+            let d = precise.select(f, FleetView { replicas: &fleet });
+            precise.record(d.ranked[0].replica, f);
+            started.elapsed()
+        });
+        report("token", replicas, samples);
     }
+}
+
+/// Alternately a warm and a cold prompt.
+fn pick<'a>(
+    warm: &'a [RequestFeatures],
+    cold: &'a [RequestFeatures],
+    i: usize,
+) -> &'a RequestFeatures {
+    if i % 2 == 0 {
+        &warm[(i * 7919) % warm.len()]
+    } else {
+        &cold[i % cold.len()]
+    }
+}
+
+fn pick_mut<'a>(
+    warm: &'a mut [RequestFeatures],
+    cold: &'a mut [RequestFeatures],
+    i: usize,
+) -> &'a mut RequestFeatures {
+    if i % 2 == 0 {
+        let n = warm.len();
+        &mut warm[(i * 7919) % n]
+    } else {
+        let n = cold.len();
+        &mut cold[i % n]
+    }
+}
+
+fn time(mut decide: impl FnMut(usize) -> Duration) -> Vec<u64> {
+    (0..DECISIONS)
+        .map(|i| decide(i).as_nanos() as u64)
+        .collect()
+}
+
+fn report(mode: &str, replicas: u32, mut samples: Vec<u64>) {
+    samples.sort_unstable();
+    let pct = |p: f64| {
+        samples[((samples.len() as f64 * p) as usize).min(samples.len() - 1)] as f64 / 1000.0
+    };
+    println!(
+        "| {mode} | {replicas} | {:.2} | {:.2} | {:.2} |",
+        pct(0.50),
+        pct(0.99),
+        pct(0.999)
+    );
 }

@@ -1,7 +1,10 @@
 //! Precise prefix index (token mode): block hash → the replicas that hold the block and in
 //! which tier, fed by the workers' KV events, which name exactly the hashes the gateway computes
 //! from the prompt's token ids. A routing decision adds short-lived speculative entries for
-//! the chosen replica, covering the time until its stored-block events arrive.
+//! the chosen replica, covering the time until its stored-block events arrive. To keep a
+//! decision cheap, a guess is recorded at every [`SPECULATION_STRIDE`]-th block and at the
+//! prompt's last one, so a guessed run is counted in whole strides (a later prompt that shares
+//! 18 blocks of a guessed 20 counts 16).
 //!
 //! Each replica's events apply in sequence; a gap (or no snapshot yet) makes
 //! [`PreciseIndex::apply`] ask for a snapshot, which replaces what the replica held.
@@ -14,6 +17,14 @@ use std::collections::VecDeque;
 
 const DEVICE: u8 = 1;
 const HOST: u8 = 2;
+
+/// Blocks between two recorded guesses.
+pub const SPECULATION_STRIDE: usize = 4;
+
+/// Whether block `i` of an `n`-block prompt carries a guess.
+fn is_checkpoint(i: usize, n: usize) -> bool {
+    i % SPECULATION_STRIDE == SPECULATION_STRIDE - 1 || i + 1 == n
+}
 
 fn tier_bit(tier: Tier) -> u8 {
     match tier {
@@ -47,10 +58,11 @@ pub struct PreciseIndex {
     /// Block hash → (replica, tiers).
     holders: HashKeyMap<Vec<(ReplicaId, u8)>>,
     per_replica: Vec<ReplicaBlocks>,
-    /// Block hash → (replica, expiry ms) of routing decisions not yet confirmed by events.
-    speculative: HashKeyMap<Vec<(ReplicaId, u64)>>,
-    /// Speculative entries in expiry order, for purging.
-    expiries: VecDeque<(u64, ReplicaId, u64)>,
+    /// Checkpoint block hash → (replica, expiry ms) of the latest routing decision that sent
+    /// it, until events confirm it.
+    speculative: HashKeyMap<(ReplicaId, u64)>,
+    /// Guesses in expiry order (expiry, hash), for purging.
+    expiries: VecDeque<(u64, u64)>,
 }
 
 /// What applying a report's KV update did.
@@ -182,42 +194,40 @@ impl PreciseIndex {
                 }
             }
         }
-        for list in self.speculative.values_mut() {
-            list.retain(|(r, _)| *r != replica);
-        }
+        self.speculative.retain(|_, (r, _)| *r != replica);
     }
 
     /// Notes that `replica` was sent a prompt with these blocks: until `expires_ms`, they
     /// count as held there.
     pub fn speculate(&mut self, replica: ReplicaId, hashes: &[u64], now_ms: u64, expires_ms: u64) {
         self.purge_expired(now_ms);
-        for &hash in hashes {
-            let list = self.speculative.entry(hash).or_default();
-            match list.iter_mut().find(|(r, _)| *r == replica) {
-                Some(entry) => entry.1 = expires_ms,
-                None => list.push((replica, expires_ms)),
+        let n = hashes.len();
+        for (i, &hash) in hashes.iter().enumerate() {
+            if is_checkpoint(i, n) {
+                self.speculative.insert(hash, (replica, expires_ms));
+                self.expiries.push_back((expires_ms, hash));
             }
-            self.expiries.push_back((expires_ms, replica, hash));
         }
     }
 
-    /// Speculative entries live (for tests and metrics).
+    /// Guesses recorded and not yet purged.
     pub fn speculative_len(&self) -> usize {
-        self.speculative.values().map(Vec::len).sum()
+        self.speculative.len()
     }
 
     fn purge_expired(&mut self, now_ms: u64) {
-        while let Some(&(expires, replica, hash)) = self.expiries.front() {
+        while let Some(&(expires, hash)) = self.expiries.front() {
             if expires > now_ms {
                 break;
             }
             self.expiries.pop_front();
-            if let Some(list) = self.speculative.get_mut(&hash) {
-                // A later decision may have extended the entry: only drop it if it is due.
-                list.retain(|&(r, e)| r != replica || e > now_ms);
-                if list.is_empty() {
-                    self.speculative.remove(&hash);
-                }
+            // A later decision may have renewed the guess: drop it only if it is due.
+            if self
+                .speculative
+                .get(&hash)
+                .is_some_and(|&(_, e)| e <= now_ms)
+            {
+                self.speculative.remove(&hash);
             }
         }
     }
@@ -226,35 +236,24 @@ impl PreciseIndex {
     /// `now_ms`), the run's worth in blocks: 1 per device block, 0.5 per host block. Written
     /// into `matched`, indexed by replica slot (which must be long enough).
     pub fn overlaps(&self, hashes: &[u64], now_ms: u64, matched: &mut [f64]) {
-        let mut alive: Vec<ReplicaId> = Vec::new();
+        // From events: walk the blocks while some replica still holds the whole run.
+        let mut alive: Vec<(ReplicaId, f64)> = Vec::new();
+        let mut ended: Vec<(ReplicaId, f64)> = Vec::new();
         for (i, hash) in hashes.iter().enumerate() {
-            let held = self.holders.get(hash);
-            let guessed = self.speculative.get(hash);
-            let tiers_of = |r: ReplicaId| {
-                let real = held
-                    .and_then(|h| h.iter().find(|(x, _)| *x == r))
-                    .map_or(0, |h| h.1);
-                let guess = guessed.is_some_and(|g| g.iter().any(|&(x, e)| x == r && e > now_ms));
-                real | if guess { DEVICE } else { 0 }
+            let Some(holders) = self.holders.get(hash) else {
+                break;
             };
             if i == 0 {
-                let mut first: Vec<ReplicaId> =
-                    held.iter().flat_map(|h| h.iter().map(|x| x.0)).collect();
-                first.extend(
-                    guessed
-                        .iter()
-                        .flat_map(|g| g.iter().filter(|x| x.1 > now_ms).map(|x| x.0)),
-                );
-                first.sort_unstable();
-                first.dedup();
-                alive = first;
+                alive.extend(holders.iter().map(|&(r, _)| (r, 0.0)));
             }
-            alive.retain(|&r| {
-                let value = block_value(tiers_of(r));
-                if value > 0.0 {
-                    if let Some(m) = matched.get_mut(r.0 as usize) {
-                        *m += value;
-                    }
+            alive.retain_mut(|(r, run)| {
+                let value = holders
+                    .iter()
+                    .find(|(x, _)| x == r)
+                    .map_or(0.0, |h| block_value(h.1));
+                *run += value;
+                if value == 0.0 {
+                    ended.push((*r, *run));
                 }
                 value > 0.0
             });
@@ -262,6 +261,39 @@ impl PreciseIndex {
                 break;
             }
         }
+        let runs = alive.into_iter().chain(ended);
+        for (r, run) in runs.chain(self.guessed_runs(hashes, now_ms)) {
+            if let Some(m) = matched.get_mut(r.0 as usize) {
+                *m = m.max(run);
+            }
+        }
+    }
+
+    /// Runs known from guesses: up to the last of the leading checkpoints guessed for the
+    /// same replica.
+    fn guessed_runs(&self, hashes: &[u64], now_ms: u64) -> Vec<(ReplicaId, f64)> {
+        let mut runs: Vec<(ReplicaId, f64)> = Vec::new();
+        let mut alive: Option<Vec<ReplicaId>> = None;
+        let n = hashes.len();
+        for (i, hash) in hashes
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| is_checkpoint(i, n))
+        {
+            let guess = self
+                .speculative
+                .get(hash)
+                .filter(|&&(_, expires)| expires > now_ms)
+                .map(|&(r, _)| r);
+            let replicas = alive.get_or_insert_with(|| guess.into_iter().collect());
+            replicas.retain(|&r| guess == Some(r));
+            if replicas.is_empty() {
+                break;
+            }
+            runs.clear();
+            runs.extend(replicas.iter().map(|&r| (r, (i + 1) as f64)));
+        }
+        runs
     }
 }
 
@@ -397,19 +429,37 @@ mod tests {
     }
 
     #[test]
-    fn speculative_entries_count_until_they_expire() {
+    fn guesses_count_in_strides_until_they_expire() {
         let mut idx = PreciseIndex::default();
-        idx.speculate(A, &[1, 2], 100, 200);
-        assert_eq!(overlaps(&idx, &[1, 2, 3], 150), vec![2.0, 0.0]);
-        idx.speculate(A, &[1], 190, 400);
+        let prompt: Vec<u64> = (1..=10).collect();
+        idx.speculate(A, &prompt, 100, 200);
+        assert_eq!(overlaps(&idx, &prompt, 150), vec![10.0, 0.0]);
         assert_eq!(
-            overlaps(&idx, &[1, 2], 250),
-            vec![1.0, 0.0],
-            "block 2's guess expired"
+            overlaps(&idx, &prompt[..9], 150),
+            vec![8.0, 0.0],
+            "two whole strides"
         );
-        idx.speculate(B, &[5], 300, 310);
-        assert_eq!(idx.speculative_len(), 2, "expired guesses are purged");
-        idx.clear_replica(A);
-        assert_eq!(overlaps(&idx, &[1], 300), vec![0.0, 0.0]);
+        assert_eq!(
+            overlaps(&idx, &[1, 2, 3], 150),
+            vec![0.0, 0.0],
+            "no checkpoint reached"
+        );
+        idx.speculate(B, &prompt[..4], 190, 400);
+        assert_eq!(
+            overlaps(&idx, &prompt, 250),
+            vec![0.0, 4.0],
+            "A's guesses expired; B's renewed block 4"
+        );
+        idx.speculate(B, &[99], 250, 500);
+        assert_eq!(
+            idx.speculative_len(),
+            2,
+            "the next decision purges the expired guesses"
+        );
+        // Events and guesses: the longer run counts.
+        idx.apply(A, &snapshot(0, &[1, 2, 3, 4, 5, 6]));
+        assert_eq!(overlaps(&idx, &prompt, 250), vec![6.0, 4.0]);
+        idx.clear_replica(B);
+        assert_eq!(overlaps(&idx, &prompt, 250), vec![6.0, 0.0]);
     }
 }

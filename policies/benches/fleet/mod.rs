@@ -1,8 +1,11 @@
-//! The benchmark fleet: `replicas` replicas, 1M prefix chunks indexed across them.
+//! The benchmark fleet: `replicas` replicas, 1M prefix chunks indexed across them (text
+//! mode), or 1M token blocks known from KV events (token mode).
 #![allow(dead_code)]
 
 use kvgate_policies::{Policy, PolicyConfig, ReplicaId, ReplicaView, RequestFeatures};
-use kvgate_protocol::{text_chunk_hashes, HashSeed};
+use kvgate_protocol::kv_events::{KvSnapshot, KV_EVENTS_VERSION};
+use kvgate_protocol::telemetry::KvUpdate;
+use kvgate_protocol::{block_hashes, text_chunk_hashes, HashSeed};
 
 pub const INDEXED_CHUNKS: usize = 1_000_000;
 pub const CHUNKS_PER_PROMPT: usize = 16;
@@ -17,11 +20,51 @@ pub fn prompt(i: usize) -> RequestFeatures {
     }
 }
 
-pub fn setup(replicas: u32) -> (Policy, Vec<ReplicaView>, Vec<RequestFeatures>) {
-    let config = PolicyConfig {
-        prefix_capacity: INDEXED_CHUNKS / replicas as usize + CHUNKS_PER_PROMPT,
-        ..PolicyConfig::default()
-    };
+/// Token mode: a 4,096-token prompt is 256 blocks of 16 tokens.
+pub const INDEXED_BLOCKS: usize = 1_000_000;
+pub const BLOCKS_PER_PROMPT: usize = 256;
+
+pub fn token_prompt(i: usize) -> RequestFeatures {
+    // The first token tells prompts apart; the hash chain carries it into every block.
+    let tokens: Vec<u32> = std::iter::once(i as u32)
+        .chain((1..BLOCKS_PER_PROMPT * 16).map(|k| (k % 49_152) as u32))
+        .collect();
+    let hashes = block_hashes(HashSeed::new("bench", None, ""), &tokens, 16);
+    RequestFeatures {
+        ring_key: hashes[3],
+        block_hashes: hashes,
+        ..RequestFeatures::default()
+    }
+}
+
+/// Token mode: each prompt's blocks held by one replica, as its KV-event snapshot says.
+pub fn setup_precise(replicas: u32) -> (Policy, Vec<ReplicaView>, Vec<RequestFeatures>) {
+    let mut policy = members(replicas, PolicyConfig::default());
+    let prompts: Vec<RequestFeatures> = (0..INDEXED_BLOCKS / BLOCKS_PER_PROMPT)
+        .map(token_prompt)
+        .collect();
+    let mut held: Vec<Vec<u64>> = vec![Vec::new(); replicas as usize];
+    for (i, p) in prompts.iter().enumerate() {
+        held[i % replicas as usize].extend(&p.block_hashes);
+    }
+    for (r, hashes) in held.into_iter().enumerate() {
+        let snapshot = KvSnapshot {
+            version: KV_EVENTS_VERSION,
+            seq: 0,
+            block_size: 16,
+            hashes,
+            host_hashes: Vec::new(),
+        };
+        let update = KvUpdate {
+            snapshot: Some(snapshot),
+            batches: Vec::new(),
+        };
+        policy.apply_kv(ReplicaId(r as u32), &update);
+    }
+    (policy, fleet(replicas), prompts)
+}
+
+fn members(replicas: u32, config: PolicyConfig) -> Policy {
     let mut policy = Policy::new(config);
     let names: Vec<String> = (0..replicas)
         .map(|i| format!("http://10.0.{}.{}:8000", i / 256, i % 256))
@@ -32,13 +75,26 @@ pub fn setup(replicas: u32) -> (Policy, Vec<ReplicaView>, Vec<RequestFeatures>) 
         .map(|(i, n)| (ReplicaId(i as u32), n.as_str()))
         .collect();
     policy.set_members(&members);
+    policy
+}
+
+pub fn setup(replicas: u32) -> (Policy, Vec<ReplicaView>, Vec<RequestFeatures>) {
+    let config = PolicyConfig {
+        prefix_capacity: INDEXED_CHUNKS / replicas as usize + CHUNKS_PER_PROMPT,
+        ..PolicyConfig::default()
+    };
+    let mut policy = members(replicas, config);
     let prompts: Vec<RequestFeatures> = (0..INDEXED_CHUNKS / CHUNKS_PER_PROMPT)
         .map(prompt)
         .collect();
     for (i, p) in prompts.iter().enumerate() {
         policy.record(ReplicaId(i as u32 % replicas), p);
     }
-    let fleet = (0..replicas)
+    (policy, fleet(replicas), prompts)
+}
+
+fn fleet(replicas: u32) -> Vec<ReplicaView> {
+    (0..replicas)
         .map(|i| ReplicaView {
             id: ReplicaId(i),
             healthy: true,
@@ -49,6 +105,5 @@ pub fn setup(replicas: u32) -> (Policy, Vec<ReplicaView>, Vec<RequestFeatures>) 
             kv_usage: None,
             adapter_fit: 0.0,
         })
-        .collect();
-    (policy, fleet, prompts)
+        .collect()
 }
