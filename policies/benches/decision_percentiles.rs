@@ -53,7 +53,7 @@ fn pick<'a>(
     cold: &'a [RequestFeatures],
     i: usize,
 ) -> &'a RequestFeatures {
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         &warm[(i * 7919) % warm.len()]
     } else {
         &cold[i % cold.len()]
@@ -65,7 +65,7 @@ fn pick_mut<'a>(
     cold: &'a mut [RequestFeatures],
     i: usize,
 ) -> &'a mut RequestFeatures {
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         let n = warm.len();
         &mut warm[(i * 7919) % n]
     } else {
