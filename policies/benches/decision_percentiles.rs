@@ -24,7 +24,7 @@ fn main() {
         let samples = time(|i| {
             let f = pick(&warm, &cold, i);
             let started = Instant::now();
-            black_box(policy.select(f, FleetView { replicas: &fleet }));
+            black_box(policy.select_top(f, FleetView { replicas: &fleet }, 3));
             started.elapsed()
         });
         report("text", replicas, samples);
@@ -39,8 +39,8 @@ fn main() {
             let f = pick_mut(&mut warm, &mut cold, i);
             f.now_ms = now_ms;
             let started = Instant::now();
-            let d = precise.select(f, FleetView { replicas: &fleet });
-            precise.record(d.ranked[0].replica, f);
+            let d = precise.select_top(f, FleetView { replicas: &fleet }, 3);
+            precise.record_choice(&d.ranked[0], f);
             started.elapsed()
         });
         report("token", replicas, samples);

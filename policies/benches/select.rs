@@ -22,7 +22,7 @@ fn bench_select(c: &mut Criterion) {
             |b, _| {
                 b.iter(|| {
                     i = (i + 7919) % prompts.len();
-                    black_box(policy.select(&prompts[i], FleetView { replicas: &fleet }))
+                    black_box(policy.select_top(&prompts[i], FleetView { replicas: &fleet }, 3))
                 })
             },
         );
@@ -30,7 +30,9 @@ fn bench_select(c: &mut Criterion) {
         group.bench_with_input(
             BenchmarkId::new("cold_prefix", replicas),
             &replicas,
-            |b, _| b.iter(|| black_box(policy.select(&cold, FleetView { replicas: &fleet }))),
+            |b, _| {
+                b.iter(|| black_box(policy.select_top(&cold, FleetView { replicas: &fleet }, 3)))
+            },
         );
     }
     group.finish();

@@ -4,6 +4,7 @@
 
 pub mod config;
 mod fleet;
+mod holders;
 mod lru;
 mod precise_index;
 mod prefix_index;

@@ -9,6 +9,7 @@
 //! Each replica's events apply in sequence; a gap (or no snapshot yet) makes
 //! [`PreciseIndex::apply`] ask for a snapshot, which replaces what the replica held.
 
+use crate::holders::Holders;
 use crate::ReplicaId;
 use kvgate_protocol::kv_events::{KvEvent, KvEventBatch, KvSnapshot, Tier};
 use kvgate_protocol::telemetry::KvUpdate;
@@ -56,7 +57,7 @@ struct ReplicaBlocks {
 #[derive(Debug, Clone, Default)]
 pub struct PreciseIndex {
     /// Block hash → (replica, tiers).
-    holders: HashKeyMap<Vec<(ReplicaId, u8)>>,
+    holders: HashKeyMap<Holders>,
     per_replica: Vec<ReplicaBlocks>,
     /// Checkpoint block hash → (replica, expiry ms) of the latest routing decision that sent
     /// it, until events confirm it.
@@ -153,11 +154,10 @@ impl PreciseIndex {
         let tiers = self.replica_mut(replica).blocks.entry(hash).or_insert(0);
         *tiers |= bit;
         let tiers = *tiers;
-        let holders = self.holders.entry(hash).or_default();
-        match holders.iter_mut().find(|(r, _)| *r == replica) {
-            Some(h) => h.1 = tiers,
-            None => holders.push((replica, tiers)),
-        }
+        self.holders
+            .entry(hash)
+            .and_modify(|h| h.set(replica, tiers))
+            .or_insert(Holders::One(replica, tiers));
     }
 
     fn remove(&mut self, replica: ReplicaId, hash: u64, bit: u8) {
@@ -170,12 +170,12 @@ impl PreciseIndex {
         if tiers == 0 {
             blocks.remove(&hash);
         }
+        self.set_holder(hash, replica, tiers);
+    }
+
+    fn set_holder(&mut self, hash: u64, replica: ReplicaId, tiers: u8) {
         if let Some(holders) = self.holders.get_mut(&hash) {
-            if tiers == 0 {
-                holders.retain(|(r, _)| *r != replica);
-            } else if let Some(h) = holders.iter_mut().find(|(r, _)| *r == replica) {
-                h.1 = tiers;
-            }
+            holders.set(replica, tiers);
             if holders.is_empty() {
                 self.holders.remove(&hash);
             }
@@ -186,23 +186,25 @@ impl PreciseIndex {
     /// next update must start with a snapshot.
     pub fn clear_replica(&mut self, replica: ReplicaId) {
         let old = std::mem::take(self.replica_mut(replica));
-        for hash in old.blocks.keys() {
-            if let Some(holders) = self.holders.get_mut(hash) {
-                holders.retain(|(r, _)| *r != replica);
-                if holders.is_empty() {
-                    self.holders.remove(hash);
-                }
-            }
+        for &hash in old.blocks.keys() {
+            self.set_holder(hash, replica, 0);
         }
         self.speculative.retain(|_, (r, _)| *r != replica);
     }
 
-    /// Notes that `replica` was sent a prompt with these blocks: until `expires_ms`, they
-    /// count as held there.
-    pub fn speculate(&mut self, replica: ReplicaId, hashes: &[u64], now_ms: u64, expires_ms: u64) {
+    /// Notes that `replica` was sent a prompt with these blocks, of which it holds the first
+    /// `held` already: until `expires_ms`, the rest count as held there.
+    pub fn speculate(
+        &mut self,
+        replica: ReplicaId,
+        hashes: &[u64],
+        held: usize,
+        now_ms: u64,
+        expires_ms: u64,
+    ) {
         self.purge_expired(now_ms);
         let n = hashes.len();
-        for (i, &hash) in hashes.iter().enumerate() {
+        for (i, &hash) in hashes.iter().enumerate().skip(held) {
             if is_checkpoint(i, n) {
                 self.speculative.insert(hash, (replica, expires_ms));
                 self.expiries.push_back((expires_ms, hash));
@@ -236,45 +238,51 @@ impl PreciseIndex {
     /// `now_ms`), the run's worth in blocks: 1 per device block, 0.5 per host block. Written
     /// into `matched`, indexed by replica slot (which must be long enough).
     pub fn overlaps(&self, hashes: &[u64], now_ms: u64, matched: &mut [f64]) {
-        // From events: walk the blocks while some replica still holds the whole run.
-        let mut alive: Vec<(ReplicaId, f64)> = Vec::new();
-        let mut ended: Vec<(ReplicaId, f64)> = Vec::new();
+        let runs = self.runs_from_events(hashes);
+        for run in &runs {
+            if let Some(m) = matched.get_mut(run.replica.0 as usize) {
+                *m = run.value;
+            }
+        }
+        self.extend_by_guesses(hashes, now_ms, &runs, matched);
+    }
+
+    /// Walks the blocks while some replica still holds the whole run.
+    fn runs_from_events(&self, hashes: &[u64]) -> Vec<Run> {
+        let mut runs: Vec<Run> = Vec::new();
         for (i, hash) in hashes.iter().enumerate() {
             let Some(holders) = self.holders.get(hash) else {
                 break;
             };
             if i == 0 {
-                alive.extend(holders.iter().map(|&(r, _)| (r, 0.0)));
+                runs.extend(holders.replicas().map(|replica| Run {
+                    replica,
+                    value: 0.0,
+                    blocks: 0,
+                }));
             }
-            alive.retain_mut(|(r, run)| {
-                let value = holders
-                    .iter()
-                    .find(|(x, _)| x == r)
-                    .map_or(0.0, |h| block_value(h.1));
-                *run += value;
-                if value == 0.0 {
-                    ended.push((*r, *run));
+            let mut any = false;
+            for run in runs.iter_mut().filter(|r| r.blocks == i) {
+                let value = block_value(holders.tiers(run.replica));
+                if value > 0.0 {
+                    run.value += value;
+                    run.blocks += 1;
+                    any = true;
                 }
-                value > 0.0
-            });
-            if alive.is_empty() {
+            }
+            if !any {
                 break;
             }
         }
-        let runs = alive.into_iter().chain(ended);
-        for (r, run) in runs.chain(self.guessed_runs(hashes, now_ms)) {
-            if let Some(m) = matched.get_mut(r.0 as usize) {
-                *m = m.max(run);
-            }
-        }
+        runs
     }
 
-    /// Runs known from guesses: up to the last of the leading checkpoints guessed for the
-    /// same replica.
-    fn guessed_runs(&self, hashes: &[u64], now_ms: u64) -> Vec<(ReplicaId, f64)> {
-        let mut runs: Vec<(ReplicaId, f64)> = Vec::new();
-        let mut alive: Option<Vec<ReplicaId>> = None;
+    /// Extends runs through the checkpoints guessed for their replica, past the blocks known
+    /// from events (or from the start); a guessed block counts as on the device.
+    fn extend_by_guesses(&self, hashes: &[u64], now_ms: u64, runs: &[Run], matched: &mut [f64]) {
         let n = hashes.len();
+        let known = |r: ReplicaId| runs.iter().find(|x| x.replica == r);
+        let mut alive: Option<Vec<ReplicaId>> = None;
         for (i, hash) in hashes
             .iter()
             .enumerate()
@@ -285,16 +293,31 @@ impl PreciseIndex {
                 .get(hash)
                 .filter(|&&(_, expires)| expires > now_ms)
                 .map(|&(r, _)| r);
-            let replicas = alive.get_or_insert_with(|| guess.into_iter().collect());
-            replicas.retain(|&r| guess == Some(r));
+            let replicas = alive.get_or_insert_with(|| {
+                let mut first: Vec<ReplicaId> = runs.iter().map(|r| r.replica).collect();
+                first.extend(guess.filter(|g| !first.contains(g)));
+                first
+            });
+            replicas.retain(|&r| guess == Some(r) || known(r).is_some_and(|k| k.blocks > i));
             if replicas.is_empty() {
-                break;
+                return;
             }
-            runs.clear();
-            runs.extend(replicas.iter().map(|&r| (r, (i + 1) as f64)));
+            for &r in replicas.iter().filter(|&&r| guess == Some(r)) {
+                let (value, blocks) = known(r).map_or((0.0, 0), |k| (k.value, k.blocks));
+                if let Some(m) = matched.get_mut(r.0 as usize) {
+                    *m = m.max(value + (i + 1 - blocks.min(i + 1)) as f64);
+                }
+            }
         }
-        runs
     }
+}
+
+/// A replica's leading run of a prompt's blocks, from events.
+struct Run {
+    replica: ReplicaId,
+    /// Worth in blocks (host blocks count half).
+    value: f64,
+    blocks: usize,
 }
 
 #[cfg(test)]
@@ -432,7 +455,7 @@ mod tests {
     fn guesses_count_in_strides_until_they_expire() {
         let mut idx = PreciseIndex::default();
         let prompt: Vec<u64> = (1..=10).collect();
-        idx.speculate(A, &prompt, 100, 200);
+        idx.speculate(A, &prompt, 0, 100, 200);
         assert_eq!(overlaps(&idx, &prompt, 150), vec![10.0, 0.0]);
         assert_eq!(
             overlaps(&idx, &prompt[..9], 150),
@@ -444,13 +467,13 @@ mod tests {
             vec![0.0, 0.0],
             "no checkpoint reached"
         );
-        idx.speculate(B, &prompt[..4], 190, 400);
+        idx.speculate(B, &prompt[..4], 0, 190, 400);
         assert_eq!(
             overlaps(&idx, &prompt, 250),
             vec![0.0, 4.0],
             "A's guesses expired; B's renewed block 4"
         );
-        idx.speculate(B, &[99], 250, 500);
+        idx.speculate(B, &[99], 0, 250, 500);
         assert_eq!(
             idx.speculative_len(),
             2,
@@ -461,5 +484,14 @@ mod tests {
         assert_eq!(overlaps(&idx, &prompt, 250), vec![6.0, 4.0]);
         idx.clear_replica(B);
         assert_eq!(overlaps(&idx, &prompt, 250), vec![6.0, 0.0]);
+        // A holds 6 from events; the decision guesses the rest only, and the run goes on
+        // through events into guesses.
+        idx.speculate(A, &prompt, 6, 300, 600);
+        assert_eq!(
+            idx.speculative_len(),
+            2,
+            "checkpoints 8 and 10 guessed, not 4"
+        );
+        assert_eq!(overlaps(&idx, &prompt, 350), vec![10.0, 0.0]);
     }
 }

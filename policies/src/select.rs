@@ -27,11 +27,15 @@ pub struct Candidate {
     pub replica: ReplicaId,
     pub total: f64,
     pub signals: Signals,
-    /// Position of the replica's first point clockwise from the request's ring key: the
-    /// tie-breaker, so that every gateway replica breaks ties alike.
-    pub ring_rank: u32,
+    /// How far clockwise from the request's ring key the replica's first ring point lies
+    /// (`u64::MAX` off the ring): the tie-breaker, so that every gateway replica breaks ties
+    /// alike.
+    pub ring_distance: u64,
     /// At or over the load bound (or its own cap): prefix stickiness is suspended.
     pub saturated: bool,
+    /// The leading prompt blocks (or text chunks) it holds, as the prefix index knows them;
+    /// counted even when saturated.
+    pub prefix_blocks: f64,
     pub in_flight: u32,
 }
 
@@ -53,8 +57,6 @@ pub struct Policy {
     sessions: SessionTable,
     members: Vec<(ReplicaId, String)>,
 }
-
-const UNRANKED: u32 = u32::MAX;
 
 impl Policy {
     pub fn new(config: PolicyConfig) -> Self {
@@ -117,12 +119,23 @@ impl Policy {
 
     /// Learns that `replica` was sent this request's prefix (and now serves its session).
     pub fn record(&mut self, replica: ReplicaId, features: &RequestFeatures) {
+        self.record_held(replica, 0, features);
+    }
+
+    /// [`Policy::record`] for a ranked candidate: in token mode, the blocks the decision found
+    /// it holding need no guess.
+    pub fn record_choice(&mut self, choice: &Candidate, features: &RequestFeatures) {
+        self.record_held(choice.replica, choice.prefix_blocks as usize, features);
+    }
+
+    fn record_held(&mut self, replica: ReplicaId, held: usize, features: &RequestFeatures) {
         if features.block_hashes.is_empty() {
             self.prefix.insert(replica, &features.prefix_chunks);
         } else {
             let expires = features.now_ms + self.config.speculative_ttl_ms;
+            let hashes = &features.block_hashes;
             self.precise
-                .speculate(replica, &features.block_hashes, features.now_ms, expires);
+                .speculate(replica, hashes, held, features.now_ms, expires);
         }
         if let Some(session) = features.session {
             let c = &self.config;
@@ -153,6 +166,17 @@ impl Policy {
 
     /// Ranks the healthy replicas of `fleet` for a request.
     pub fn select(&self, features: &RequestFeatures, fleet: FleetView<'_>) -> Decision {
+        self.select_top(features, fleet, usize::MAX)
+    }
+
+    /// The best `top` healthy replicas of `fleet` for a request, best first (the same as the
+    /// head of [`Policy::select`]'s ranking, for less work in large fleets).
+    pub fn select_top(
+        &self,
+        features: &RequestFeatures,
+        fleet: FleetView<'_>,
+        top: usize,
+    ) -> Decision {
         let healthy = fleet.replicas.iter().filter(|r| r.healthy);
         let (count, total_load, max_load) =
             healthy
@@ -182,30 +206,22 @@ impl Policy {
             .map(|r| r.id.0 as usize + 1)
             .max()
             .unwrap_or_default();
-        let mut position = vec![UNRANKED; slot_count];
-        for (i, r) in fleet.replicas.iter().enumerate() {
-            position[r.id.0 as usize] = i as u32;
-        }
-        let mut rank = vec![UNRANKED; fleet.replicas.len()];
-        let mut next_rank = 0u32;
-        let mut owner = None;
-        for id in self.ring.walk(features.ring_key) {
-            let Some(&pos) = position.get(id.0 as usize) else {
-                continue;
-            };
-            if pos == UNRANKED || rank[pos as usize] != UNRANKED {
-                continue;
-            }
-            rank[pos as usize] = next_rank;
-            next_rank += 1;
-            let r = &fleet.replicas[pos as usize];
-            if owner.is_none() && r.healthy && !saturated(r) {
-                owner = Some(r.id);
-            }
-            if next_rank as usize == fleet.replicas.len() {
-                break;
-            }
-        }
+        let distance: Vec<u64> = fleet
+            .replicas
+            .iter()
+            .map(|r| {
+                self.ring
+                    .distance(r.id, features.ring_key)
+                    .unwrap_or(u64::MAX)
+            })
+            .collect();
+        let owner = fleet
+            .replicas
+            .iter()
+            .zip(&distance)
+            .filter(|(r, &d)| d != u64::MAX && r.healthy && !saturated(r))
+            .min_by_key(|(r, &d)| (d, r.id))
+            .map(|(r, _)| r.id);
 
         // Prefix overlap by slot, in blocks (token mode) or chunks (text mode).
         let mut matched = vec![0.0; slot_count];
@@ -263,17 +279,27 @@ impl Policy {
                         + w.kv * signals.kv
                         + w.adapter * signals.adapter,
                     signals,
-                    ring_rank: rank[i],
+                    ring_distance: distance[i],
                     saturated: is_saturated,
+                    prefix_blocks: matched[r.id.0 as usize],
                     in_flight: r.in_flight,
                 }
             })
             .collect();
-        ranked.sort_by(|a, b| {
+        // Only the first `top` need ordering: a partial selection, then a sort of those.
+        let order = |a: &Candidate, b: &Candidate| {
             b.total
                 .total_cmp(&a.total)
-                .then(a.ring_rank.cmp(&b.ring_rank))
-        });
+                .then(a.ring_distance.cmp(&b.ring_distance))
+                .then(a.replica.cmp(&b.replica))
+        };
+        if top < ranked.len() {
+            if top > 0 {
+                ranked.select_nth_unstable_by(top - 1, order);
+            }
+            ranked.truncate(top);
+        }
+        ranked.sort_unstable_by(order);
         Decision { ranked, load_bound }
     }
 }
@@ -428,9 +454,13 @@ mod tests {
             let a = p.select(&features(key, &[]), FleetView { replicas: &fleet });
             let b = p.select(&features(key, &[]), FleetView { replicas: &fleet });
             prop_assert_eq!(&a, &b);
-            let mut ranks: Vec<u32> = a.ranked.iter().map(|c| c.ring_rank).collect();
-            ranks.sort();
-            prop_assert_eq!(ranks, (0..loads.len() as u32).collect::<Vec<_>>());
+            let mut ranked: Vec<u32> = a.ranked.iter().map(|c| c.replica.0).collect();
+            ranked.sort();
+            prop_assert_eq!(ranked, (0..loads.len() as u32).collect::<Vec<_>>());
+            for top in 0..=loads.len() + 1 {
+                let head = p.select_top(&features(key, &[]), FleetView { replicas: &fleet }, top);
+                prop_assert_eq!(&head.ranked[..], &a.ranked[..top.min(loads.len())]);
+            }
         }
     }
 }

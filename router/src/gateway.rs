@@ -259,6 +259,17 @@ impl Gateway {
         model: &str,
         features: &RequestFeatures,
     ) -> Result<Route, ApiError> {
+        self.route_top(snap, model, features, None)
+    }
+
+    /// [`Gateway::route`] ranking `top` replicas (default: as many as a request may try).
+    fn route_top(
+        &self,
+        snap: &Snapshot,
+        model: &str,
+        features: &RequestFeatures,
+        top: Option<usize>,
+    ) -> Result<Route, ApiError> {
         let serving = candidates(snap, model)?;
         let agents = snap.config.agents.as_ref();
         let views: Vec<ReplicaView> = serving
@@ -276,8 +287,13 @@ impl Gateway {
             .collect();
         let started = Instant::now();
         let mut policy = self.policy.lock().unwrap_or_else(PoisonError::into_inner);
-        let Decision { ranked, load_bound } =
-            policy.select(features, FleetView { replicas: &views });
+        // Only the replicas a request may be tried on need ranking.
+        let attempts = snap.config.retries.attempts.max(1) as usize;
+        let Decision { ranked, load_bound } = policy.select_top(
+            features,
+            FleetView { replicas: &views },
+            top.unwrap_or(attempts),
+        );
         let Some(top) = ranked.first() else {
             drop(policy);
             return Err(ApiError::new(
@@ -292,7 +308,7 @@ impl Gateway {
                 .map(|(r, _)| Arc::clone(r))
         };
         let first = by_slot(top.replica).map(InFlight::new);
-        policy.record(top.replica, features);
+        policy.record_choice(top, features);
         drop(policy);
         self.metrics
             .decision
@@ -310,12 +326,12 @@ impl Gateway {
         })
     }
 
-    /// Records that a retry sent the request's prefix to another replica.
-    pub fn record_prefix(&self, replica: &Replica, features: &RequestFeatures) {
+    /// Records that a retry sent the request's prefix to another ranked replica.
+    pub fn record_prefix(&self, choice: &Candidate, features: &RequestFeatures) {
         self.policy
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .record(replica.slot, features);
+            .record_choice(choice, features);
     }
 
     /// Explains a decision without sending anything (admin API).
@@ -325,7 +341,7 @@ impl Gateway {
         features: &RequestFeatures,
     ) -> Result<serde_json::Value, ApiError> {
         let snap = self.snapshot();
-        let route = self.route(&snap, model, features)?;
+        let route = self.route_top(&snap, model, features, Some(usize::MAX))?;
         // Explaining must not count as load.
         drop(route.first);
         let candidates: Vec<serde_json::Value> = route

@@ -75,7 +75,7 @@ impl Forward<'_> {
             let in_flight = match first.take() {
                 Some(guard) => guard,
                 None => {
-                    self.gateway.record_prefix(replica, self.features);
+                    self.gateway.record_prefix(candidate, self.features);
                     InFlight::new(Arc::clone(replica))
                 }
             };
@@ -367,8 +367,8 @@ impl Forward<'_> {
             extra.push((
                 "x-kvgate-route",
                 format!(
-                    "total={:.3};prefix={:.3};ring={:.3};load={:.3};ring_rank={};in_flight={};load_bound={}",
-                    candidate.total, s.prefix, s.ring, s.load, candidate.ring_rank, candidate.in_flight, load_bound
+                    "total={:.3};prefix={:.3};ring={:.3};load={:.3};ring_distance={};in_flight={};load_bound={}",
+                    candidate.total, s.prefix, s.ring, s.load, candidate.ring_distance, candidate.in_flight, load_bound
                 ),
             ));
         }
