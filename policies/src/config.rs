@@ -88,6 +88,38 @@ impl Default for Weights {
     }
 }
 
+impl Weights {
+    /// Each weight by its name in the config.
+    fn named(&mut self) -> [(&'static str, &mut f64); 7] {
+        [
+            ("prefix", &mut self.prefix),
+            ("ring", &mut self.ring),
+            ("load", &mut self.load),
+            ("fresh", &mut self.fresh),
+            ("session", &mut self.session),
+            ("kv", &mut self.kv),
+            ("adapter", &mut self.adapter),
+        ]
+    }
+
+    /// Sets the weight named `name` (as in the config) to a finite `value` >= 0.
+    pub fn set(&mut self, name: &str, value: f64) -> Result<(), String> {
+        if !(value.is_finite() && value >= 0.0) {
+            return Err(format!("must be a finite number >= 0, got {value}"));
+        }
+        let mut named = self.named();
+        let known: Vec<&str> = named.iter().map(|(n, _)| *n).collect();
+        let known = known.join(", ");
+        match named.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, w)) => {
+                **w = value;
+                Ok(())
+            }
+            None => Err(format!("unknown weight `{name}` (known: {known})")),
+        }
+    }
+}
+
 impl PolicyConfig {
     /// Problems with the values, each as (field path under `policy`, message).
     pub fn validate(&self) -> Vec<(String, String)> {
@@ -148,17 +180,9 @@ impl PolicyConfig {
                 self.session_capacity
             ),
         );
-        for (name, w) in [
-            ("prefix", self.weights.prefix),
-            ("ring", self.weights.ring),
-            ("load", self.weights.load),
-            ("fresh", self.weights.fresh),
-            ("session", self.weights.session),
-            ("kv", self.weights.kv),
-            ("adapter", self.weights.adapter),
-        ] {
+        for (name, w) in self.weights.clone().named() {
             check(
-                w.is_finite() && w >= 0.0,
+                w.is_finite() && *w >= 0.0,
                 &format!("weights.{name}"),
                 format!("must be a finite number >= 0, got {w}"),
             );

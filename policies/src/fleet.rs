@@ -33,7 +33,7 @@ pub struct FleetView<'a> {
 }
 
 /// What routing needs to know about a request.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct RequestFeatures {
     /// Chained hashes of the prompt's full prefix chunks (text mode).
     pub prefix_chunks: Vec<u64>,
@@ -46,4 +46,6 @@ pub struct RequestFeatures {
     pub session: Option<u64>,
     /// The gateway's clock (ms since it started): session bindings expire by it.
     pub now_ms: u64,
+    /// Weights for this request (its SLA class's); the policy's own when `None`.
+    pub weights: Option<crate::Weights>,
 }

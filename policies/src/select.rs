@@ -237,7 +237,7 @@ impl Policy {
             self.precise.overlaps(hashes, features.now_ms, &mut matched);
             hashes.len()
         };
-        let w = &self.config.weights;
+        let w = features.weights.as_ref().unwrap_or(&self.config.weights);
         let bound = features.session.and_then(|s| {
             self.sessions
                 .get(s, features.now_ms, self.config.session_ttl_ms)

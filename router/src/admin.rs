@@ -137,8 +137,17 @@ fn explain(gateway: &Gateway, body: &[u8]) -> (u16, Vec<u8>) {
         session_header: None,
         now_ms: gateway.now_ms(),
     };
-    let result = request::parse(endpoint, body, &cx)
-        .and_then(|routed| gateway.explain(&routed.model, &routed.features));
+    let result = request::parse(endpoint, body, &cx).and_then(|mut routed| {
+        // As a request of the default class would be routed.
+        let class = match &snap.classes {
+            Some(classes) => Some(classes.classify(None, None)?),
+            None => None,
+        };
+        if let Some(c) = &class {
+            routed.features.weights = Some(c.weights.clone());
+        }
+        gateway.explain(&routed.model, &routed.features, class.as_deref())
+    });
     match result {
         Ok(v) => (200, json(&v)),
         Err(e) => (e.status(), e.to_json()),

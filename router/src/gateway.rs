@@ -2,6 +2,8 @@
 //! and the metrics. A reload swaps the snapshot; requests already running keep the one they
 //! started with, so none fails because of a reload.
 
+use crate::admission::{Admission, Refused};
+use crate::classes::{Class, Classes};
 use crate::config::{self, ConfigError, GatewayConfig};
 use crate::metrics::Metrics;
 use crate::replica::{AdapterStatus, Freshness, InFlight, ModelMatch, Replica};
@@ -23,6 +25,8 @@ pub struct Snapshot {
     pub replicas: Vec<Arc<Replica>>,
     /// Models routed in token mode.
     pub tokenizers: TokenModes,
+    /// SLA classes, when configured.
+    pub classes: Option<Classes>,
 }
 
 impl Snapshot {
@@ -46,6 +50,7 @@ pub struct Gateway {
     /// The clock routing state (session bindings) is kept by.
     epoch: Instant,
     policy: Mutex<Policy>,
+    pub admission: Admission,
     pub metrics: Metrics,
     pub connector: Connector,
 }
@@ -73,17 +78,20 @@ impl Gateway {
         let replicas = build_replicas(&config, &[], &[])?;
         let token = read_agent_token(&config)?;
         let tokenizers = tokenizers::load(&config, &TokenModes::new())?;
+        let classes = build_classes(&config)?;
         let gateway = Gateway {
             config_path,
             current: RwLock::new(Arc::new(Snapshot {
                 config,
                 replicas,
                 tokenizers,
+                classes,
             })),
             agent_token: RwLock::new(token),
             joined: Mutex::new(Vec::new()),
             epoch: Instant::now(),
             policy: Mutex::new(policy),
+            admission: Admission::default(),
             metrics,
             connector: Connector::new(None),
         };
@@ -123,6 +131,7 @@ impl Gateway {
         let replicas = build_replicas(&config, &joined, &old.replicas)?;
         let token = read_agent_token(&config)?;
         let tokenizers = tokenizers::load(&config, &old.tokenizers)?;
+        let classes = build_classes(&config)?;
         *self
             .agent_token
             .write()
@@ -135,6 +144,7 @@ impl Gateway {
             config,
             replicas,
             tokenizers,
+            classes,
         });
         drop(joined);
         self.sync_policy_members();
@@ -213,6 +223,7 @@ impl Gateway {
             config: old.config.clone(),
             replicas,
             tokenizers: old.tokenizers.clone(),
+            classes: old.classes.clone(),
         });
         let joined_replica = find(&snap);
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = snap;
@@ -258,8 +269,66 @@ impl Gateway {
         snap: &Snapshot,
         model: &str,
         features: &RequestFeatures,
+        class: Option<&Class>,
     ) -> Result<Route, ApiError> {
-        self.route_top(snap, model, features, None)
+        self.route_top(snap, model, features, class, None)
+    }
+
+    /// Admits a request of `class` (see [`crate::admission`]; at once without SLA classes),
+    /// then routes it.
+    pub async fn admit(
+        &self,
+        snap: &Snapshot,
+        model: &str,
+        features: &RequestFeatures,
+        class: Option<&Arc<Class>>,
+    ) -> Result<Route, ApiError> {
+        let Some(class) = class else {
+            return self.route(snap, model, features, None);
+        };
+        let has_room = |model: &str, class: &Class| self.has_room(&self.snapshot(), model, class);
+        let depth = |d: usize| {
+            self.metrics
+                .queue_depth
+                .with_label_values(&[&class.name])
+                .set(d as i64)
+        };
+        let take = || self.route(snap, model, features, Some(class));
+        match self
+            .admission
+            .admit(class, model, has_room, take, depth)
+            .await
+        {
+            Ok(routed) => routed,
+            Err((error, why)) => {
+                self.metrics
+                    .refused
+                    .with_label_values(&[&class.name, why.label()])
+                    .inc();
+                if why == Refused::Deadline {
+                    tracing::debug!(class = %class.name, "request left the queue at its deadline");
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Whether some replica of `class`'s pool that serves `model` has room: below its
+    /// in-flight cap, and below the KV and queue saturation its agent reports. An unknown
+    /// model "has room", so that routing reports it.
+    fn has_room(&self, snap: &Snapshot, model: &str, class: &Class) -> bool {
+        let Ok(serving) = candidates(snap, model, Some(class)) else {
+            return true;
+        };
+        let agents = snap.config.agents.as_ref();
+        let policy = &snap.config.policy;
+        serving.iter().any(|(r, _)| {
+            r.is_routable(agents)
+                && r.config.max_in_flight.is_none_or(|cap| r.in_flight() < cap)
+                && r.reported_kv_usage()
+                    .is_none_or(|u| u < policy.kv_saturation)
+                && r.reported_waiting() < policy.queue_saturation
+        })
     }
 
     /// [`Gateway::route`] ranking `top` replicas (default: as many as a request may try).
@@ -268,9 +337,10 @@ impl Gateway {
         snap: &Snapshot,
         model: &str,
         features: &RequestFeatures,
+        class: Option<&Class>,
         top: Option<usize>,
     ) -> Result<Route, ApiError> {
-        let serving = candidates(snap, model)?;
+        let serving = candidates(snap, model, class)?;
         let agents = snap.config.agents.as_ref();
         let views: Vec<ReplicaView> = serving
             .iter()
@@ -307,7 +377,8 @@ impl Gateway {
                 .find(|(r, _)| r.slot == slot)
                 .map(|(r, _)| Arc::clone(r))
         };
-        let first = by_slot(top.replica).map(InFlight::new);
+        let first =
+            by_slot(top.replica).map(|r| InFlight::new(r, Arc::clone(&self.admission.released)));
         policy.record_choice(top, features);
         drop(policy);
         self.metrics
@@ -339,9 +410,10 @@ impl Gateway {
         &self,
         model: &str,
         features: &RequestFeatures,
+        class: Option<&Class>,
     ) -> Result<serde_json::Value, ApiError> {
         let snap = self.snapshot();
-        let route = self.route_top(&snap, model, features, Some(usize::MAX))?;
+        let route = self.route_top(&snap, model, features, class, Some(usize::MAX))?;
         // Explaining must not count as load.
         drop(route.first);
         let candidates: Vec<serde_json::Value> = route
@@ -363,10 +435,12 @@ impl Gateway {
 fn candidates<'a>(
     snap: &'a Snapshot,
     model: &str,
+    class: Option<&Class>,
 ) -> Result<Vec<(&'a Arc<Replica>, f64)>, ApiError> {
     let all: Vec<(&Arc<Replica>, ModelMatch, Option<AdapterStatus>)> = snap
         .replicas
         .iter()
+        .filter(|r| class.is_none_or(|c| c.admits(&r.config.labels)))
         .map(|r| (r, r.may_serve(model), r.adapter_status(model)))
         .collect();
     let capable = |a: &Option<AdapterStatus>| a.is_some_and(|a| a.slots_free.is_some());
@@ -392,6 +466,16 @@ fn candidates<'a>(
         .map(|(r, _, a)| (*r, fit(a)))
         .collect();
     if serving.is_empty() {
+        if let Some(c) = class.filter(|c| !c.pool.is_empty()) {
+            return Err(ApiError::new(
+                ErrorKind::ModelNotFound,
+                format!(
+                    "model `{model}` is not served by any replica in the pool of class `{}` ({:?})",
+                    c.name, c.pool
+                ),
+            )
+            .with_param("model"));
+        }
         return Err(ApiError::new(
             ErrorKind::ModelNotFound,
             format!("model `{model}` is not served by any replica"),
@@ -399,6 +483,24 @@ fn candidates<'a>(
         .with_param("model"));
     }
     Ok(serving)
+}
+
+fn build_classes(config: &GatewayConfig) -> Result<Option<Classes>, Vec<ConfigError>> {
+    let Some(sla) = &config.sla else {
+        return Ok(None);
+    };
+    Classes::build(sla, &config.policy)
+        .map(Some)
+        .map_err(|problems| {
+            problems
+                .into_iter()
+                .map(|(path, message)| ConfigError {
+                    path: format!("sla.{path}"),
+                    line: None,
+                    message,
+                })
+                .collect()
+        })
 }
 
 fn read_agent_token(config: &GatewayConfig) -> Result<Option<String>, Vec<ConfigError>> {

@@ -2,7 +2,9 @@
 //! `kvgate-policies` and forwards each request's original bytes to the best one.
 
 mod admin;
+mod admission;
 mod agents;
+mod classes;
 pub mod config;
 mod gateway;
 mod health;

@@ -34,6 +34,10 @@ pub struct Metrics {
     pub agent_reports: IntCounterVec,
     /// KV-event batches from agents: applied, snapshot (received), resync (snapshot asked for).
     pub kv_event_batches: IntCounterVec,
+    /// Requests waiting for admission, by SLA class.
+    pub queue_depth: IntGaugeVec,
+    /// Requests refused admission, by class and reason: shed, queue_full, deadline.
+    pub refused: IntCounterVec,
 }
 
 impl Metrics {
@@ -126,6 +130,16 @@ impl Metrics {
                 "kvgate_kv_event_batches_total",
                 "KV-event batches and snapshots relayed by agents, and snapshots asked for",
                 &["result"],
+            )?,
+            queue_depth: gauge(
+                "kvgate_admission_queue_depth",
+                "Requests waiting for room in the fleet, by SLA class",
+                &["class"],
+            )?,
+            refused: counter(
+                "kvgate_admission_refused_total",
+                "Requests refused admission, by SLA class and reason",
+                &["class", "reason"],
             )?,
             registry,
         })

@@ -340,19 +340,24 @@ pub enum ModelMatch {
     Unknown,
 }
 
-/// Holds a replica's in-flight count up for the life of a request.
-pub struct InFlight(pub Arc<Replica>);
+/// Holds a replica's in-flight count up for the life of a request; at the end, wakes the
+/// requests waiting for room.
+pub struct InFlight {
+    replica: Arc<Replica>,
+    released: Arc<tokio::sync::Notify>,
+}
 
 impl InFlight {
-    pub fn new(replica: Arc<Replica>) -> Self {
+    pub fn new(replica: Arc<Replica>, released: Arc<tokio::sync::Notify>) -> Self {
         replica.begin_request();
-        InFlight(replica)
+        InFlight { replica, released }
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.end_request();
+        self.replica.end_request();
+        self.released.notify_waiters();
     }
 }
 

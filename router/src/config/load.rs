@@ -50,6 +50,16 @@ const PRESETS: [(&str, &str); 3] = [
     ),
 ];
 
+/// The policy settings of preset `name`.
+pub fn preset(name: &str) -> Result<kvgate_policies::PolicyConfig, String> {
+    let known: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
+    let (_, text) = PRESETS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .ok_or_else(|| format!("unknown preset `{name}` (known: {})", known.join(", ")))?;
+    serde_yaml_ng::from_str(text).map_err(|e| format!("preset {name}: {e}"))
+}
+
 /// Parses and validates config text.
 pub fn parse_str(text: &str) -> Result<GatewayConfig, Vec<ConfigError>> {
     let preset = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(text)

@@ -4,7 +4,7 @@
 mod load;
 mod validate;
 
-pub use load::{load_file, parse_str, ConfigError};
+pub use load::{load_file, parse_str, preset, ConfigError};
 pub use validate::{resolve_url, Upstream};
 
 use kvgate_policies::PolicyConfig;
@@ -44,6 +44,51 @@ pub struct GatewayConfig {
     /// routed in text mode.
     #[serde(default)]
     pub tokenizers: Vec<TokenizerConfig>,
+    /// SLA classes: admission queues, priorities, shedding, pools and weights per class. Off
+    /// when absent (every request is routed at once).
+    #[serde(default)]
+    pub sla: Option<SlaConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlaConfig {
+    /// The request header that names a request's class.
+    #[serde(default = "defaults::class_header")]
+    pub header: String,
+    /// The class of requests that name none (by header or API key).
+    pub default_class: String,
+    pub classes: BTreeMap<String, ClassConfig>,
+    /// API keys (`Authorization: Bearer KEY`) and the class each one's requests belong to;
+    /// the header, when present, wins.
+    #[serde(default)]
+    pub api_keys: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassConfig {
+    /// Higher is served first when requests queue.
+    #[serde(default)]
+    pub priority: u32,
+    /// When the fleet has no room, refuse at once (429 with `Retry-After`) instead of queueing.
+    #[serde(default)]
+    pub sheddable: bool,
+    /// Only replicas whose labels include all of these serve the class.
+    #[serde(default)]
+    pub pool: BTreeMap<String, String>,
+    /// A policy preset whose weights the class uses ...
+    #[serde(default)]
+    pub preset: Option<String>,
+    /// ... and weights set here over them (key by key; the rest from `policy`).
+    #[serde(default)]
+    pub weights: BTreeMap<String, f64>,
+    /// Requests of the class waiting at most; more get 429 with `Retry-After`.
+    #[serde(default = "defaults::max_queue")]
+    pub max_queue: usize,
+    /// A queued request that waits this long gets 503 with `Retry-After`.
+    #[serde(default = "defaults::queue_timeout_ms")]
+    pub queue_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -232,5 +277,14 @@ mod defaults {
     }
     pub fn block_size() -> usize {
         16
+    }
+    pub fn class_header() -> String {
+        "x-kvgate-class".into()
+    }
+    pub fn max_queue() -> usize {
+        256
+    }
+    pub fn queue_timeout_ms() -> u64 {
+        30_000
     }
 }

@@ -227,6 +227,13 @@ pub(super) fn validate(c: &GatewayConfig) -> Vec<ConfigError> {
     for (path, message) in c.policy.validate() {
         err(format!("policy.{path}"), message);
     }
+    if let Some(sla) = &c.sla {
+        if let Err(problems) = crate::classes::Classes::build(sla, &c.policy) {
+            for (path, message) in problems {
+                err(format!("sla.{path}"), message);
+            }
+        }
+    }
     errors
 }
 

@@ -76,7 +76,10 @@ impl Forward<'_> {
                 Some(guard) => guard,
                 None => {
                     self.gateway.record_prefix(candidate, self.features);
-                    InFlight::new(Arc::clone(replica))
+                    InFlight::new(
+                        Arc::clone(replica),
+                        Arc::clone(&self.gateway.admission.released),
+                    )
                 }
             };
             replica.set_last_decision(*candidate);

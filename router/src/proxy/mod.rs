@@ -178,7 +178,26 @@ impl ProxyApp {
             Ok(r) => r,
             Err(error) => return self.reject(session, route_label, error, request_id).await,
         };
-        let route = match gateway.route(&snapshot, &routed.model, &routed.features) {
+        let mut routed = routed;
+        let class = match &snapshot.classes {
+            None => None,
+            Some(classes) => {
+                let header = |name: &str| session.get_header(name).map(|v| v.as_bytes());
+                match classes.classify(header(classes.header()), header("authorization")) {
+                    Ok(class) => {
+                        routed.features.weights = Some(class.weights.clone());
+                        Some(class)
+                    }
+                    Err(error) => {
+                        return self.reject(session, route_label, error, request_id).await
+                    }
+                }
+            }
+        };
+        let admitted = gateway
+            .admit(&snapshot, &routed.model, &routed.features, class.as_ref())
+            .await;
+        let route = match admitted {
             Ok(route) => route,
             Err(error) => return self.reject(session, route_label, error, request_id).await,
         };
