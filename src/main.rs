@@ -57,6 +57,10 @@ enum Command {
         /// First restart delay of the supervised worker, in ms (doubling to 30 s).
         #[arg(long, default_value_t = 500)]
         restart_backoff_ms: u64,
+        /// A GPU (NVML index) whose figures go into reports; repeat for several. Default:
+        /// every GPU the driver shows (none without an NVIDIA driver).
+        #[arg(long = "gpu")]
+        gpus: Vec<u32>,
         /// The worker command to supervise; none to attach to `--url`.
         #[arg(last = true)]
         command: Vec<String>,
@@ -210,6 +214,7 @@ fn run(command: Command) -> Result<(), String> {
             engine,
             interval_ms,
             restart_backoff_ms,
+            gpus,
             command,
         } => {
             let token = std::fs::read_to_string(&token_file)
@@ -231,6 +236,7 @@ fn run(command: Command) -> Result<(), String> {
                     first: std::time::Duration::from_millis(restart_backoff_ms.max(1)),
                     ..Default::default()
                 },
+                gpus: (!gpus.is_empty()).then_some(gpus),
             };
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)

@@ -3,6 +3,7 @@
 //! [`TelemetryReport`](kvgate_protocol::telemetry::TelemetryReport) to every gateway.
 
 pub mod adapter;
+mod gpu;
 pub mod http;
 mod kv_relay;
 pub mod push;

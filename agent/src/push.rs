@@ -2,6 +2,7 @@
 //! push a report to every gateway.
 
 use crate::adapter::{self, EngineAdapter, EngineLoad};
+use crate::gpu::Gpus;
 use crate::http;
 use crate::kv_relay::KvRelay;
 use crate::supervisor::{self, unix_ms, Backoff};
@@ -26,6 +27,8 @@ pub struct AgentConfig {
     pub interval: Duration,
     /// Restart delays for the supervised worker.
     pub backoff: Backoff,
+    /// The GPUs whose NVML figures go into reports (`None`: every GPU the driver shows).
+    pub gpus: Option<Vec<u32>>,
 }
 
 /// Deadline for one health check, scrape or report.
@@ -101,6 +104,7 @@ async fn push_loop(
     let mut failing: Vec<bool> = vec![false; config.gateways.len()];
     let mut unreadable = false;
     let mut relay = KvRelay::default();
+    let gpus = Gpus::open(config.gpus.clone());
     let mut relay_failing = false;
     loop {
         tokio::select! {
@@ -156,6 +160,7 @@ async fn push_loop(
             healthy,
             load: sample,
             kv,
+            gpus: gpus.sample(),
         };
         let body = serde_json::to_vec(&report).unwrap_or_default();
         // One task per gateway, so that a dead gateway does not delay the others.

@@ -5,7 +5,7 @@ use crate::kv_events::{KvEventBatch, KvSnapshot};
 use serde::{Deserialize, Serialize};
 
 /// The report format this build speaks; a gateway rejects other versions with 400.
-/// Version 2 added `kv` (KV-cache events) and the gateway's [`ReportReply`].
+/// Version 2 added `kv` (KV-cache events), `gpus` and the gateway's [`ReportReply`].
 pub const TELEMETRY_VERSION: u32 = 2;
 
 /// Where a report is posted, on the gateway's admin listener.
@@ -33,6 +33,23 @@ pub struct TelemetryReport {
     /// them by its own approximate index).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv: Option<KvUpdate>,
+    /// The agent's GPUs, read through NVML (empty without an NVIDIA driver).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<GpuStats>,
+}
+
+/// One GPU's figures at the moment of a report.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuStats {
+    pub index: u32,
+    pub name: String,
+    pub memory_used_bytes: u64,
+    pub memory_total_bytes: u64,
+    /// Share of the last sample period in which a kernel ran.
+    pub utilization_percent: u32,
+    #[serde(default)]
+    pub temperature_c: Option<u32>,
 }
 
 /// KV-cache state carried by a report: event batches in sequence, after a whole snapshot when

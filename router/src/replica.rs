@@ -314,6 +314,7 @@ impl Replica {
                     "kv_blocks_total": s.report.load.kv_blocks_total,
                     "kv_usage": s.report.load.kv_usage(),
                     "adapters": s.report.load.adapters,
+                    "gpus": s.report.gpus,
                 })
             });
         serde_json::json!({
