@@ -1,6 +1,7 @@
 //! `kvgate agent` with real processes on loopback: it supervises a sim worker, reports to the
 //! gateway (which lets it join the fleet), restarts the worker when it dies — the gateway
-//! excludes the replica meanwhile and takes it back with its new instance — and stops it
+//! excludes the replica meanwhile, drops the blocks the old worker's KV events placed in its
+//! precise index, and takes it back with its new instance — and stops it
 //! gracefully on SIGTERM, after which the gateway marks it stale, then excluded. Reports
 //! without the right token get 401.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -23,6 +24,44 @@ fn agents_yaml(token: &std::path::Path, join: &str) -> String {
         "agents:\n  token_file: \"{}\"\n  stale_after_ms: 400\n  exclude_after_ms: 1500\n  join: {join}\n",
         token.display()
     )
+}
+
+/// Token mode for [`MODEL`] with the default GGUF; guesses expire after 100 ms.
+fn token_mode_yaml() -> String {
+    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    format!(
+        "tokenizers:\n  - model: {MODEL}\n    path: \"{}\"\npolicy:\n  speculative_ttl_ms: 100\n",
+        model.display()
+    )
+}
+
+async fn explain_chat(gw: &Gateway, text: &str) -> serde_json::Value {
+    let r = client()
+        .post(format!("{}/admin/explain", gw.admin()))
+        .json(&chat(text, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.json().await.unwrap()
+}
+
+/// Polls the explain API until the top candidate's prefix signal for a chat satisfies `check`.
+async fn wait_prefix(gw: &Gateway, text: &str, what: &str, check: impl Fn(f64) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let e = explain_chat(gw, text).await;
+        let prefix = e["candidates"][0]["score"]["signals"]["prefix"].as_f64();
+        if prefix.is_some_and(&check) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {e:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Child processes of `pid` (from /proc).
@@ -112,8 +151,9 @@ async fn an_agent_supervises_its_worker_and_the_gateway_follows() {
     std::fs::write(
         &config,
         format!(
-            "listen: \"127.0.0.1:{port}\"\nadmin_listen: \"127.0.0.1:{admin_port}\"\nreplicas: []\n{}",
-            agents_yaml(&token, "open")
+            "listen: \"127.0.0.1:{port}\"\nadmin_listen: \"127.0.0.1:{admin_port}\"\nreplicas: []\n{}{}",
+            agents_yaml(&token, "open"),
+            token_mode_yaml()
         ),
     )
     .unwrap();
@@ -165,6 +205,12 @@ async fn an_agent_supervises_its_worker_and_the_gateway_follows() {
     let instance = first["agent"]["instance"].as_u64().unwrap();
     assert_eq!(first["models"], serde_json::json!([MODEL]), "{first:#}");
     chat_ok(&gw, "hello agent").await;
+    // Token mode: the worker's KV events put the prompt's blocks on w0 (guesses expire in
+    // 100 ms, so this is the events' doing).
+    wait_prefix(&gw, "hello agent", "the events to place the blocks", |p| {
+        p > 0.5
+    })
+    .await;
 
     // Kill the worker: the gateway stops routing to it, the agent starts a new one.
     let worker_pid = children(agent.child.id());
@@ -189,7 +235,13 @@ async fn an_agent_supervises_its_worker_and_the_gateway_follows() {
     assert_eq!(new_pid.len(), 1);
     assert_ne!(new_pid[0], worker_pid[0], "a new worker process");
     assert!(back["agent"]["healthy"] == true, "{back:#}");
+    let e = explain_chat(&gw, "hello agent").await;
+    assert_eq!(
+        e["candidates"][0]["score"]["signals"]["prefix"], 0.0,
+        "the restarted worker's blocks were dropped: {e:#}"
+    );
     chat_ok(&gw, "hello again").await;
+    wait_prefix(&gw, "hello again", "the new worker's events", |p| p > 0.5).await;
 
     // SIGTERM: the agent stops its worker gracefully and stops reporting.
     agent.signal("TERM");
