@@ -2,7 +2,8 @@
 //! a gateway that tokenizes prompts with the model's GGUF and hashes them as the workers do.
 //! With 20 shared-prefix groups, each group's requests go to the replica that holds its blocks
 //! (known from events, not from the gateway's own guesses, which expire first); a saturated
-//! holder makes its group spill, and the group returns when the holder recovers.
+//! holder (at the load bound, or queueing as its agent reports) makes its group spill, and
+//! the group returns when the holder recovers.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -66,8 +67,9 @@ fn counter(metrics: &str, name: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn groups_stay_where_their_blocks_are() {
     let mut workers = Vec::new();
+    // Two sequences at a time: direct traffic can make a worker queue.
     for _ in 0..4 {
-        workers.push(SimWorker::start(&["--time-scale", "0.05"]).await);
+        workers.push(SimWorker::start(&["--time-scale", "0.05", "--max-num-seqs", "2"]).await);
     }
     let token = std::env::temp_dir().join(format!("kvgate-precise-token-{}", workers[0].port));
     std::fs::write(&token, TOKEN).unwrap();
@@ -75,7 +77,7 @@ async fn groups_stay_where_their_blocks_are() {
         .join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
     // Guesses expire after 300 ms: later decisions rest on the workers' events alone.
     let yaml = format!(
-        "agents:\n  token_file: \"{}\"\ntokenizers:\n  - model: {MODEL}\n    path: \"{}\"\n    block_size: 16\npolicy:\n  speculative_ttl_ms: 300\n",
+        "agents:\n  token_file: \"{}\"\ntokenizers:\n  - model: {MODEL}\n    path: \"{}\"\n    block_size: 16\npolicy:\n  speculative_ttl_ms: 300\n  queue_saturation: 2\n",
         token.display(),
         model.display()
     );
@@ -174,5 +176,56 @@ async fn groups_stay_where_their_blocks_are() {
         settled(&gw, &ask(0, 102, 4)).await,
         home[0],
         "recovered, the group returns"
+    );
+
+    // Traffic from elsewhere makes group 0's home queue: once its agent reports the queue at
+    // the saturation threshold, the group spills; when the queue drains, it returns.
+    let home_url = workers
+        .iter()
+        .find(|w| Upstream::id(*w) == home[0])
+        .unwrap()
+        .url();
+    let direct: Vec<_> = (0..10)
+        .map(|i| {
+            let url = home_url.clone();
+            tokio::spawn(async move {
+                let body = serde_json::json!({
+                    "model": MODEL, "prompt": format!("elsewhere {i}"), "max_tokens": 3000, "ignore_eos": true,
+                });
+                let r = client().post(format!("{url}/v1/completions")).json(&body).send().await;
+                r.map(|r| r.status().as_u16()).unwrap_or(0)
+            })
+        })
+        .collect();
+    gw.wait_until(|rs| {
+        rs.iter()
+            .any(|r| r["id"] == home[0].as_str() && r["agent"]["waiting"].as_u64() >= Some(2))
+    })
+    .await;
+    let spilled = send(
+        &client(),
+        &gw.url(),
+        "/v1/chat/completions",
+        &ask(0, 103, 4),
+    )
+    .await;
+    assert_ne!(
+        spilled.replica.as_ref(),
+        Some(&home[0]),
+        "a queueing home is passed over"
+    );
+    for d in direct {
+        assert_eq!(d.await.unwrap(), 200);
+    }
+    gw.wait_until(|rs| {
+        rs.iter().any(|r| {
+            r["id"] == home[0].as_str() && r["agent"]["waiting"] == 0 && r["agent"]["running"] == 0
+        })
+    })
+    .await;
+    assert_eq!(
+        settled(&gw, &ask(0, 104, 4)).await,
+        home[0],
+        "drained, the group returns"
     );
 }
