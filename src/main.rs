@@ -1,5 +1,6 @@
 //! The `kvgate` command line: thin wrappers around the crates.
 
+mod bench_cli;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -24,6 +25,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Load-test an OpenAI-compatible server (a gateway or an engine) with token-level metrics.
+    Bench(bench_cli::BenchArgs),
     /// Run the gateway (SIGHUP reloads the config; SIGINT stops at once, SIGTERM gracefully).
     Gateway {
         #[arg(long)]
@@ -203,6 +206,19 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> Result<(), String> {
     match command {
+        Command::Bench(args) => {
+            let config = args.into_config()?;
+            let out = config.out.clone();
+            let summary = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .map_err(|e| format!("runtime: {e}"))?
+                .block_on(kvgate_bench::run(config))?;
+            print!("{}", kvgate_bench::table(&summary));
+            println!("results in {}", out.display());
+            Ok(())
+        }
         Command::Gateway { config, listen } => {
             kvgate_router::run(&config, listen).map_err(|e| e.to_string())
         }
