@@ -1,0 +1,268 @@
+#!/usr/bin/env python3
+"""The routing experiment: the same sim workers (H200 / Llama-3.1-8B profile, slowed by
+--time-scale so that the fleet, the router and the load generator share 2 cores) behind each
+routing configuration in turn, on the same workloads, measured with `kvgate bench`.
+
+Configurations: round-robin (SGLang's router), least-load, consistent hash only and
+approximate prefix (kvgate gateway in text mode with those weights), kvgate's default and its
+cache-first preset (token mode, agents relaying KV events), SGLang's router `cache_aware`,
+vLLM's router
+`consistent_hash`. Workloads: shared-prefix groups, multi-turn chat, the Mooncake synthetic
+trace (prompts scaled down 8x). Every worker's prefix cache is emptied between runs.
+
+Writes bench/routing/results/<workload>/<config>/ (the bench's summary.json, requests.csv,
+plots) and prints one markdown table per workload, with the run's labels.
+
+Usage: bench/routing/run.py [--workloads shared-prefix,multi-turn,mooncake]
+                            [--configs NAME,...] [--workers 4] [--time-scale 4]
+Peers: bench/peers/install (SGLang and vLLM routers in a venv outside the repository).
+"""
+import argparse, json, os, platform, re, signal, socket, subprocess, sys, tempfile, time, urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+KVGATE = os.path.join(ROOT, "target", "release", "kvgate")
+PEERS = os.environ.get("KVGATE_PEERS", "/tmp/kvgate-peers")
+MODEL = "llama-3.1-8b-sim"
+GGUF = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+TRACE = "/work/shared/traces/synthetic_trace.jsonl"
+if not os.path.exists(TRACE):
+    TRACE = os.path.join(ROOT, "..", "shared", "traces", "synthetic_trace.jsonl")
+
+# Offered load, chosen near the knee of the cache-blind configurations on this machine (stated
+# in BENCHMARKS.md with the results).
+WORKLOADS = {
+    "shared-prefix": ["--workload", "shared-prefix", "--groups", "16", "--prompts-per-group", "16",
+                      "--system-len", "1024", "--question-len", "128", "--output-len", "64",
+                      "--concurrency", "32", "--requests", "256"],
+    "multi-turn": ["--workload", "multi-turn", "--turns", "5", "--system-len", "256",
+                   "--turn-len", "128", "--output-len", "64", "--concurrency", "16",
+                   "--requests", "200"],
+    # The trace's prefix reuse builds up over time (ideal 5 % over its first 300 requests,
+    # 34 % over 2,000, 65 % over all 3,993): replay 2,000, five times as fast.
+    "mooncake": ["--workload", f"mooncake:{TRACE}", "--block-tokens", "64", "--requests", "2000",
+                 "--time-scale", "5"],
+}
+CONFIGS = ["round-robin", "least-load", "consistent-hash", "approx-prefix", "kvgate",
+           "kvgate-cache-first", "sglang-cache-aware", "vllm-consistent-hash"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url, timeout=2):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read().decode()
+
+
+def post(url, timeout=5):
+    req = urllib.request.Request(url, data=b"", method="POST")
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.read().decode()
+
+
+def wait_ok(url, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            get(url, 1)
+            return
+        except Exception:
+            time.sleep(0.2)
+    raise SystemExit(f"{url} never answered")
+
+
+class Procs:
+    def __init__(self, logs):
+        self.procs, self.logs = [], logs
+
+    def start(self, name, cmd):
+        log = open(os.path.join(self.logs, f"{name}.log"), "w")
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                             env={**os.environ, "KVGATE_LOG": "warn"}, start_new_session=True)
+        self.procs.append(p)
+        return p
+
+    def stop(self, p):
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+            p.wait(timeout=10)
+        except Exception:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except Exception:
+                pass
+        if p in self.procs:
+            self.procs.remove(p)
+
+    def stop_all(self):
+        for p in list(self.procs):
+            self.stop(p)
+
+
+def worker_requests(url):
+    m = re.search(r"^kvgate_worker_requests_total (\d+)", get(f"{url}/metrics"), re.M)
+    return int(m.group(1)) if m else 0
+
+
+def wait_idle(workers, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        busy = 0
+        for w in workers:
+            e = json.loads(get(f"{w}/stats"))["engine"]
+            busy += e["running"] + e["waiting"]
+        if busy == 0:
+            return
+        time.sleep(0.2)
+
+
+def gateway_yaml(port, admin, workers, config, token_file):
+    y = [f'listen: "127.0.0.1:{port}"', f'admin_listen: "127.0.0.1:{admin}"',
+         "health: {interval_ms: 500}", "replicas:"]
+    y += [f'  - {{url: "{w}", id: w{i}}}' for i, w in enumerate(workers)]
+    weights = {
+        "least-load": "{prefix: 0, ring: 0, load: 1, fresh: 0, session: 0, kv: 0, adapter: 0}",
+        "consistent-hash": "{prefix: 0, ring: 1, load: 0, fresh: 0, session: 0, kv: 0, adapter: 0}",
+    }.get(config)
+    if weights:
+        y += ["policy:", f"  weights: {weights}"]
+    if config == "kvgate-cache-first":
+        y += ["policy: {preset: cache-first}"]
+    if config.startswith("kvgate"):
+        y += ["agents:", f'  token_file: "{token_file}"',
+              "tokenizers:", f'  - {{model: "{MODEL}", path: "{GGUF}", block_size: 16}}']
+    return "\n".join(y) + "\n"
+
+
+def start_router(procs, config, workers, logs, token_file):
+    """Starts the router for `config`; returns its URL and the processes to stop after."""
+    port = free_port()
+    started = []
+    if config in ("round-robin", "sglang-cache-aware", "vllm-consistent-hash"):
+        policy = {"round-robin": "round_robin", "sglang-cache-aware": "cache_aware",
+                  "vllm-consistent-hash": "consistent_hash"}[config]
+        if config == "vllm-consistent-hash":
+            cmd = [os.path.join(PEERS, "bin", "vllm-router")]
+        else:
+            cmd = [os.path.join(PEERS, "bin", "python"), "-m", "sglang_router.launch_router"]
+        cmd += ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
+                "--policy", policy, "--prometheus-host", "127.0.0.1",
+                "--prometheus-port", str(free_port())]
+        started.append(procs.start(f"router-{config}", cmd))
+        wait_ok(f"http://127.0.0.1:{port}/v1/models", 90)
+        return f"http://127.0.0.1:{port}", started
+    admin = free_port()
+    path = os.path.join(logs, f"gateway-{config}.yaml")
+    with open(path, "w") as f:
+        f.write(gateway_yaml(port, admin, workers, config, token_file))
+    started.append(procs.start(f"gateway-{config}", [KVGATE, "gateway", "--config", path]))
+    wait_ok(f"http://127.0.0.1:{port}/health")
+    if config.startswith("kvgate"):
+        for i, w in enumerate(workers):
+            started.append(procs.start(f"agent-{i}", [
+                KVGATE, "agent", "--gateway", f"http://127.0.0.1:{admin}", "--token-file",
+                token_file, "--url", w, "--replica-id", f"w{i}"]))
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            reps = json.loads(get(f"http://127.0.0.1:{admin}/admin/replicas"))["replicas"]
+            if all(r.get("freshness") == "fresh" for r in reps):
+                break
+            time.sleep(0.2)
+    return f"http://127.0.0.1:{port}", started
+
+
+def run_one(procs, workload, config, workers, out_root, logs, token_file, time_scale):
+    for w in workers:
+        post(f"{w}/reset_prefix_cache")
+    url, started = start_router(procs, config, workers, logs, token_file)
+    before = [worker_requests(w) for w in workers]
+    out = os.path.join(out_root, workload, config)
+    cmd = [KVGATE, "bench", "--url", url, "--model", MODEL, "--out", out, "--quiet",
+           "--label", f"config={config}", "--label", f"sim_time_scale={time_scale}",
+           *WORKLOADS[workload]]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if res.returncode != 0:
+        print(res.stdout, res.stderr, file=sys.stderr)
+        raise SystemExit(f"bench failed for {workload}/{config}")
+    wait_idle(workers)
+    per_worker = [worker_requests(w) - b for w, b in zip(workers, before)]
+    for p in started:
+        procs.stop(p)
+    with open(os.path.join(out, "summary.json")) as f:
+        s = json.load(f)
+    s["per_worker_requests"] = per_worker
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(s, f, indent=2)
+    return s
+
+
+def table(workload, results):
+    lines = [f"#### {workload}", "",
+             "| config | TTFT p50 | TTFT p90 | TTFT p99 | ITL p99 | e2e p99 | req/s | out tok/s | cached ratio | max/min per replica |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    ideal = None
+    for config, s in results:
+        per = s["per_worker_requests"]
+        imbalance = max(per) / min(per) if min(per) > 0 else float("inf")
+        ms = lambda k, p: f"{s[k][p] * 1000:.0f}"
+        lines.append(f"| {config} | {ms('ttft_s','p50')} | {ms('ttft_s','p90')} | {ms('ttft_s','p99')} | "
+                     f"{ms('itl_s','p99')} | {ms('e2e_s','p99')} | {s['requests_per_s']:.2f} | "
+                     f"{s['output_tokens_per_s']:.0f} | {s['cached_token_ratio']:.3f} | "
+                     f"{imbalance:.2f} ({'/'.join(map(str, per))}) |")
+        ideal = s.get("ideal_cached_token_ratio") or ideal
+    lines.append("")
+    lines.append(f"Times in ms (simulated H200 time x the time scale). Ideal single-replica "
+                 f"cached-token ratio: {ideal:.3f}." if ideal is not None else
+                 "Times in ms (simulated H200 time x the time scale).")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--time-scale", type=float, default=4.0)
+    ap.add_argument("--num-blocks", type=int, default=1536,
+                    help="KV blocks (16 tokens) per worker: small enough that spreading every prefix everywhere evicts")
+    args = ap.parse_args()
+    subprocess.run(["cargo", "build", "--release", "--bin", "kvgate"], cwd=ROOT, check=True)
+    logs = tempfile.mkdtemp(prefix="kvgate-routing-")
+    out_root = os.path.join(ROOT, "bench", "routing", "results")
+    token_file = os.path.join(logs, "token")
+    with open(token_file, "w") as f:
+        f.write("routing-experiment-token\n")
+    procs = Procs(logs)
+    try:
+        workers = []
+        for i in range(args.workers):
+            port = free_port()
+            procs.start(f"worker-{i}", [KVGATE, "worker", "--backend", "sim", "--port", str(port),
+                                         "--served-model-name", MODEL, "--time-scale", str(args.time_scale),
+                                         "--num-blocks", str(args.num_blocks)])
+            workers.append(f"http://127.0.0.1:{port}")
+        for w in workers:
+            wait_ok(f"{w}/health")
+        print(f"labels: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; "
+              f"{args.workers} sim workers (config/profiles/h200-llama-3.1-8b-bf16.yaml, "
+              f"time scale {args.time_scale}, {args.num_blocks} KV blocks of 16 tokens each); "
+              f"kvgate {subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, capture_output=True, text=True).stdout.strip()}; "
+              f"sglang-router 0.3.2, vllm-router 0.1.17; logs in {logs}\n")
+        for workload in args.workloads.split(","):
+            results = []
+            for config in args.configs.split(","):
+                t0 = time.time()
+                s = run_one(procs, workload, config, workers, out_root, logs, token_file, args.time_scale)
+                print(f"  {workload}/{config}: {time.time() - t0:.0f} s", file=sys.stderr)
+                results.append((config, s))
+            print(table(workload, results))
+            print()
+    finally:
+        procs.stop_all()
+
+
+if __name__ == "__main__":
+    main()
