@@ -57,13 +57,6 @@ async fn explain(gw: &Gateway, body: &serde_json::Value) -> serde_json::Value {
     r.json().await.unwrap()
 }
 
-fn counter(metrics: &str, name: &str) -> f64 {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn groups_stay_where_their_blocks_are() {
     let mut workers = Vec::new();
@@ -106,7 +99,7 @@ async fn groups_stay_where_their_blocks_are() {
     tokio::time::sleep(Duration::from_millis(800)).await;
     let metrics = gw.metrics().await;
     assert!(
-        counter(
+        metric(
             &metrics,
             "kvgate_kv_event_batches_total{result=\"applied\"}"
         ) > 0.0,

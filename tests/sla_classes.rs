@@ -61,13 +61,6 @@ async fn ask(url: &str, class: Option<&str>, key: Option<&str>, max_tokens: u32)
     }
 }
 
-fn counter(metrics: &str, line: &str) -> f64 {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(line)?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interactive_goes_first_batch_waits_scavengers_are_shed() {
     let w = SimWorker::start(&["--time-scale", "2"]).await;
@@ -142,7 +135,7 @@ async fn interactive_goes_first_batch_waits_scavengers_are_shed() {
         ),
         ("kvgate_admission_queue_depth{class=\"batch\"}", 0.0),
     ] {
-        assert_eq!(counter(&m, line), want, "{line}\n{m}");
+        assert_eq!(metric(&m, line), want, "{line}\n{m}");
     }
     // Not saturated any more: the sheddable class is served.
     assert_eq!(ask(&url, Some("scavenger"), None, 4).await.status, 200);

@@ -54,12 +54,6 @@ impl Refused {
 }
 
 impl Admission {
-    /// Requests waiting in `class`.
-    pub fn depth(&self, class: &str) -> usize {
-        let w = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-        w.entries.iter().filter(|e| e.class.name == class).count()
-    }
-
     /// Admits a request of `class` for `model`: `take` (which routes it, counting it in
     /// flight) runs once `has_room(model, class)` holds and no request ahead of it in priority
     /// order could take that room. `on_depth` hears the class's queue depth as it changes.

@@ -411,3 +411,11 @@ pub fn parse_sse(raw: &str) -> (String, bool, bool) {
     }
     (text, error, done)
 }
+
+/// The value of one series (`name{labels}`) in a Prometheus text exposition (0 when absent).
+pub fn metric(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
