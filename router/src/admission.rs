@@ -119,12 +119,7 @@ impl Admission {
             released.as_mut().enable();
             {
                 let mut w = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-                let first = w
-                    .entries
-                    .iter()
-                    .filter(|e| has_room(&e.model, &e.class))
-                    .min_by_key(|e| (Reverse(e.class.priority), e.seq))
-                    .map(|e| e.seq);
+                let first = first_with_room(&w.entries, &has_room);
                 if first == Some(seq) {
                     queued.leave(&mut w);
                     let taken = take();
@@ -152,6 +147,29 @@ impl Admission {
             }
         }
     }
+}
+
+/// The entry to admit next: the first in (priority, arrival) order whose pool has room. Room
+/// is checked once per (model, class), however many entries share them.
+fn first_with_room(entries: &[Entry], has_room: &impl Fn(&str, &Class) -> bool) -> Option<u64> {
+    let mut room: Vec<(&str, &str, bool)> = Vec::new();
+    let mut best: Option<&Entry> = None;
+    for e in entries {
+        let known = room.iter().find(|m| m.0 == e.model && m.1 == e.class.name);
+        let fits = match known {
+            Some(&(_, _, r)) => r,
+            None => {
+                let r = has_room(&e.model, &e.class);
+                room.push((&e.model, &e.class.name, r));
+                r
+            }
+        };
+        let key = |e: &Entry| (Reverse(e.class.priority), e.seq);
+        if fits && best.is_none_or(|b| key(e) < key(b)) {
+            best = Some(e);
+        }
+    }
+    best.map(|e| e.seq)
 }
 
 /// A queue entry, removed when its request stops waiting for any reason (a client that
