@@ -46,6 +46,11 @@ pub struct BenchArgs {
     /// A header for every request, `NAME: VALUE`; repeat for several.
     #[arg(long = "header")]
     headers: Vec<String>,
+    /// A header that carries each request's prefix group (shared-prefix group, multi-turn
+    /// session, a trace's first block), for routers that hash a header (`x-user-id` for vLLM's
+    /// `consistent_hash`).
+    #[arg(long)]
+    group_header: Option<String>,
     /// A label for the results, `KEY=VALUE`; repeat for several.
     #[arg(long = "label")]
     labels: Vec<String>,
@@ -161,6 +166,7 @@ impl BenchArgs {
             seed: self.seed,
             slo: parse_slo(self.slo.as_deref())?,
             headers,
+            group_header: self.group_header,
             out: self.out,
             labels,
             command: std::env::args().collect::<Vec<_>>().join(" "),

@@ -180,7 +180,10 @@ def run_one(procs, workload, config, workers, out_root, logs, token_file, time_s
     url, started = start_router(procs, config, workers, logs, token_file)
     before = [worker_requests(w) for w in workers]
     out = os.path.join(out_root, workload, config)
+    # vLLM's consistent_hash keys on X-User-ID (among other headers): each request's prefix
+    # group goes there; kvgate and SGLang's router ignore that header.
     cmd = [KVGATE, "bench", "--url", url, "--model", MODEL, "--out", out, "--quiet",
+           "--group-header", "x-user-id",
            "--label", f"config={config}", "--label", f"sim_time_scale={time_scale}",
            *WORKLOADS[workload]]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)

@@ -13,6 +13,8 @@ pub struct Client {
     http: HyperClient<HttpConnector, Full<Bytes>>,
     base: String,
     headers: Vec<(String, String)>,
+    /// Carries each request's prefix group, when named.
+    group_header: Option<String>,
 }
 
 /// What one request did; times in seconds from when it was sent.
@@ -40,7 +42,7 @@ pub struct Message {
 
 impl Client {
     /// `base` is `http://HOST:PORT`; `headers` go with every request.
-    pub fn new(base: &str, headers: Vec<(String, String)>) -> Client {
+    pub fn new(base: &str, headers: Vec<(String, String)>, group_header: Option<String>) -> Client {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         let http = HyperClient::builder(TokioExecutor::new())
@@ -50,6 +52,7 @@ impl Client {
             http,
             base: base.trim_end_matches('/').to_string(),
             headers,
+            group_header,
         }
     }
 
@@ -84,6 +87,7 @@ impl Client {
         messages: &[Message],
         max_tokens: u32,
         session: Option<&str>,
+        group: Option<&str>,
     ) -> Outcome {
         let body = serde_json::json!({
             "model": model,
@@ -101,6 +105,9 @@ impl Client {
         }
         if let Some(s) = session {
             req = req.header("x-session-id", s);
+        }
+        if let (Some(name), Some(g)) = (&self.group_header, group) {
+            req = req.header(name.as_str(), g);
         }
         let started = Instant::now();
         let mut out = Outcome::default();

@@ -39,6 +39,9 @@ pub struct BenchConfig {
     pub slo: Slo,
     /// Sent with every request (e.g. `authorization`, `x-kvgate-class`).
     pub headers: Vec<(String, String)>,
+    /// A header that carries each request's prefix group (a shared-prefix group, a session, a
+    /// trace's first block).
+    pub group_header: Option<String>,
     pub out: PathBuf,
     /// Extra labels (`--label key=value`), beside those the bench adds itself.
     pub labels: BTreeMap<String, String>,
@@ -64,7 +67,11 @@ pub async fn run(config: BenchConfig) -> Result<Summary, String> {
         }
         _ => {}
     }
-    let client = client::Client::new(&config.url, config.headers.clone());
+    let client = client::Client::new(
+        &config.url,
+        config.headers.clone(),
+        config.group_header.clone(),
+    );
     let model = match &config.model {
         Some(m) => m.clone(),
         None => client.first_model().await?,

@@ -163,6 +163,7 @@ impl JobRunner {
                     &messages,
                     turn.max_tokens,
                     job.session.as_deref(),
+                    job.group.as_deref(),
                 )
                 .await;
             let itl: Vec<f64> = out.content_times.windows(2).map(|w| w[1] - w[0]).collect();

@@ -51,6 +51,10 @@ pub struct Job {
     pub at: Option<f64>,
     /// Sent as `x-session-id` (multi-turn sessions).
     pub session: Option<String>,
+    /// The prefix group it belongs to (a shared-prefix group, a trace's first block), sent in
+    /// the `--group-header` when one is named: routers that hash a header (vLLM's
+    /// `consistent_hash`) get a key that follows the prefix.
+    pub group: Option<String>,
     pub system: Option<String>,
     pub turns: Vec<Turn>,
 }
@@ -60,6 +64,7 @@ impl Job {
         Job {
             at,
             session: None,
+            group: None,
             system,
             turns: vec![Turn { user, max_tokens }],
         }
@@ -121,7 +126,10 @@ impl Workload {
                         (0..*prompts_per_group).map(move |q| {
                             let user =
                                 words(seed(&[seed_value, 3, g as u64, q as u64]), *question_len);
-                            Job::single(None, Some(system.clone()), user, *output_len)
+                            Job {
+                                group: Some(format!("group-{g}")),
+                                ..Job::single(None, Some(system.clone()), user, *output_len)
+                            }
                         })
                     })
                     .collect();
@@ -142,6 +150,7 @@ impl Workload {
                     .map(|s| Job {
                         at: None,
                         session: Some(format!("bench-session-{seed_value}-{s}")),
+                        group: Some(format!("bench-session-{seed_value}-{s}")),
                         system: (*system_len > 0).then(|| system.clone()),
                         turns: (0..turns.min(requests - s * turns))
                             .map(|t| Turn {
@@ -168,7 +177,10 @@ impl Workload {
                         .nth(keep)
                         .map_or(user.len(), |(i, _)| i);
                     user.truncate(cut);
-                    Job::single(Some(r.at_s), None, user, r.output_length.max(1))
+                    Job {
+                        group: r.hash_ids.first().map(|h| format!("block-{h}")),
+                        ..Job::single(Some(r.at_s), None, user, r.output_length.max(1))
+                    }
                 })
                 .collect(),
             Workload::Azure { path } => traces::azure(path, requests)?
@@ -227,6 +239,11 @@ mod tests {
         let systems: std::collections::BTreeSet<_> =
             jobs.iter().map(|j| j.system.clone()).collect();
         assert_eq!(systems.len(), 3);
+        let pairs: std::collections::BTreeSet<_> = jobs
+            .iter()
+            .map(|j| (j.system.clone(), j.group.clone()))
+            .collect();
+        assert_eq!(pairs.len(), 3, "one group key per system prompt");
         assert_eq!(jobs, w.jobs(100, 1)?, "deterministic");
         let ideal = w.ideal_cached_ratio(&jobs).unwrap_or(0.0);
         assert!((ideal - 9.0 * 50.0 / (12.0 * 55.0)).abs() < 1e-9, "{ideal}");

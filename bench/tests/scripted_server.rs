@@ -130,6 +130,7 @@ async fn metrics_match_the_script() {
             ..Slo::default()
         },
         headers: vec![],
+        group_header: None,
         out: out.clone(),
         labels: [("config".to_string(), "scripted".to_string())].into(),
         command: "test".into(),
