@@ -436,25 +436,7 @@ async fn requests_naming_an_adapter_go_where_it_is_loaded() {
     let gw = Gateway::start(&[&w1, &w2, &w3], &agents_yaml(&token, "static")).await;
     let _agents: Vec<Proc> = [&w1, &w2, &w3]
         .iter()
-        .map(|w| {
-            let mut cmd = kvgate();
-            cmd.args([
-                "agent",
-                "--gateway",
-                &gw.admin(),
-                "--token-file",
-                token.to_str().unwrap(),
-            ])
-            .args([
-                "--url",
-                &w.url(),
-                "--replica-id",
-                &w.id(),
-                "--interval-ms",
-                "50",
-            ]);
-            spawn(cmd, &format!("agent-{}", w.port))
-        })
+        .map(|w| attach_agent(&gw, &token, *w, &["--interval-ms", "50"]))
         .collect();
     gw.wait_until(|rs| rs.iter().all(|r| r["freshness"] == "fresh"))
         .await;

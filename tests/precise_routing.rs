@@ -78,13 +78,7 @@ async fn groups_stay_where_their_blocks_are() {
     let gw = Gateway::start(&upstreams, &yaml).await;
     let _agents: Vec<Proc> = workers
         .iter()
-        .map(|w| {
-            let mut cmd = kvgate();
-            cmd.args(["agent", "--gateway", &gw.admin(), "--token-file"])
-                .arg(&token)
-                .args(["--url", &w.url(), "--replica-id", &Upstream::id(w)]);
-            spawn(cmd, &format!("agent-{}", w.port))
-        })
+        .map(|w| attach_agent(&gw, &token, w, &[]))
         .collect();
     gw.wait_until(|rs| rs.iter().all(|r| r["freshness"] == "fresh"))
         .await;

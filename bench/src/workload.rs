@@ -200,7 +200,6 @@ impl Workload {
         match self {
             Workload::SharedPrefix {
                 groups,
-                prompts_per_group,
                 system_len,
                 question_len,
                 ..
@@ -209,7 +208,6 @@ impl Workload {
                 let total = jobs.len() as f64 * per;
                 let first_seen = (*groups).min(jobs.len()) as f64;
                 let reused = (jobs.len() as f64 - first_seen).max(0.0) * *system_len as f64;
-                let _ = prompts_per_group;
                 (total > 0.0).then(|| reused / total)
             }
             Workload::Mooncake { path, .. } => {

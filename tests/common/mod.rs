@@ -419,3 +419,18 @@ pub fn metric(metrics: &str, series: &str) -> f64 {
         .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
         .unwrap_or(0.0)
 }
+
+/// `kvgate agent` attached to `upstream`, reporting to `gw` as replica `upstream.id()`.
+pub fn attach_agent(
+    gw: &Gateway,
+    token: &std::path::Path,
+    upstream: &dyn Upstream,
+    extra: &[&str],
+) -> Proc {
+    let mut cmd = kvgate();
+    cmd.args(["agent", "--gateway", &gw.admin(), "--token-file"])
+        .arg(token)
+        .args(["--url", &upstream.url(), "--replica-id", &upstream.id()])
+        .args(extra);
+    spawn(cmd, &format!("agent-{}", upstream.id()))
+}
