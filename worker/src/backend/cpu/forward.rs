@@ -2,16 +2,15 @@
 //! together (so each weight is read once per step); attention reads each request's earlier
 //! K/V through its block table; logits are computed only where the step samples.
 
+use super::acts::Activations;
 use super::attention::{self, HeadInputs, SumOrder};
 use super::dot::Isa;
 use super::ggml_math;
 use super::kv_cache::KvCache;
 use super::matmul::Matmul;
-use super::quant::Q8Row;
+use super::team::Team;
 use super::weights::Weights;
 use crate::backend::BatchSlice;
-use rayon::prelude::*;
-use std::sync::Arc;
 
 /// Reusable buffers, grown to the largest step seen (no allocation per step after warm-up).
 #[derive(Default)]
@@ -24,7 +23,7 @@ struct Scratch {
     att: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
-    acts: Vec<Q8Row>,
+    acts: Activations,
     /// One buffer per product that may run at once (Q, K and V together).
     matmul: [Vec<f32>; 3],
     /// Per token of the step: which offsets it attends over, and in which summation order.
@@ -71,7 +70,7 @@ pub struct Forward {
     pub weights: Weights,
     pub kv: KvCache,
     isa: Isa,
-    pool: Option<Arc<rayon::ThreadPool>>,
+    team: Team,
     scratch: Scratch,
     /// Each RoPE pair's angle per position step, as a ratio to the previous pair's.
     theta_scale: f32,
@@ -94,12 +93,7 @@ fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 }
 
 impl Forward {
-    pub fn new(
-        weights: Weights,
-        kv: KvCache,
-        isa: Isa,
-        pool: Option<rayon::ThreadPool>,
-    ) -> Forward {
+    pub fn new(weights: Weights, kv: KvCache, isa: Isa, team: Team) -> Forward {
         let p = &weights.params;
         let hd = p.head_dim;
         let theta_scale = p.rope_theta.powf(-2.0 / hd as f32);
@@ -107,7 +101,7 @@ impl Forward {
             weights,
             kv,
             isa,
-            pool: pool.map(Arc::new),
+            team,
             scratch: Scratch::default(),
             theta_scale,
         }
@@ -120,13 +114,7 @@ impl Forward {
     /// Runs the batch; returns the logits of the slices that sample (in buffers reused by the
     /// next step).
     pub fn run(&mut self, batch: &[BatchSlice<'_>]) -> Logits<'_> {
-        // The whole pass runs on a pool thread: each parallel product then forks from inside
-        // the pool (cheap) instead of waking the pool from outside (a sleep and a wake-up per
-        // product, which at batch 1 cost as much as the second thread saved).
-        match self.pool.clone() {
-            Some(pool) => pool.install(|| self.run_here(batch)),
-            None => self.run_here(batch),
-        }
+        self.run_here(batch);
         self.logits()
     }
 
@@ -148,11 +136,10 @@ impl Forward {
         let s = &mut self.scratch;
         let mm = Matmul {
             isa: self.isa,
-            pool: self.pool.as_deref(),
+            team: &self.team,
         };
-        if s.acts.len() < tokens {
-            s.acts.resize_with(tokens, Q8Row::default);
-        }
+        s.acts.reserve(tokens);
+        let interleave = self.isa.tiles_groups();
 
         // Embeddings, positions, RoPE angles, and which rows need logits.
         let x = grow(&mut s.x, tokens * h);
@@ -212,22 +199,16 @@ impl Forward {
                     p.rms_eps,
                     &mut xb[t * h..(t + 1) * h],
                 );
-                s.acts[t].quantize(&xb[t * h..(t + 1) * h]);
+                s.acts.rows[t].quantize(&xb[t * h..(t + 1) * h]);
             }
+            s.acts.pack(tokens, interleave);
             let q = grow(&mut s.q, tokens * q_dim);
             let k = grow(&mut s.k, tokens * kv_dim);
             let v = grow(&mut s.v, tokens * kv_dim);
             let [s0, s1, s2] = &mut s.matmul;
-            let acts = &s.acts[..];
-            mm.join(
-                || mm.run(&layer.wq, acts, xb, tokens, q, s0),
-                || {
-                    mm.join(
-                        || mm.run(&layer.wk, acts, xb, tokens, k, s1),
-                        || mm.run(&layer.wv, acts, xb, tokens, v, s2),
-                    )
-                },
-            );
+            let acts = &s.acts;
+            let qkv = [&layer.wq, &layer.wk, &layer.wv];
+            mm.run_together(qkv, acts, xb, tokens, [&mut *q, k, v], [s0, s1, s2]);
             for t in 0..tokens {
                 let angles = &s.rope[t * hd / 2..(t + 1) * hd / 2];
                 for head in q[t * q_dim..(t + 1) * q_dim]
@@ -259,48 +240,31 @@ impl Forward {
             for v in q.iter_mut() {
                 *v = half::f16::from_f32(*v).to_f32();
             }
-            let attend_token = |t: usize, out: &mut [f32]| {
+            // Every (token, head) attends independently: spread them over the threads.
+            self.team.for_each_chunk(att, hd, |i, out| {
+                let (t, head) = (i / p.heads, i % p.heads);
                 let job = s.attention_jobs[t];
                 let offsets = &s.offsets[job.first..job.first + job.visible];
+                let inputs = HeadInputs {
+                    k_cache: kc,
+                    v_cache: vc,
+                    offsets,
+                    kv_head: (head / group) * hd,
+                    scale,
+                    order: job.order,
+                };
                 ATTENTION_SCRATCH.with(|cell| {
                     let (scores, lanes) = &mut *cell.borrow_mut();
                     let scores = grow(scores, offsets.len());
                     let lanes = grow(lanes, attention::lanes_len(hd));
-                    for head in 0..p.heads {
-                        let inputs = HeadInputs {
-                            k_cache: kc,
-                            v_cache: vc,
-                            offsets,
-                            kv_head: (head / group) * hd,
-                            scale,
-                            order: job.order,
-                        };
-                        attention::attend(
-                            self.isa,
-                            &inputs,
-                            &q[t * q_dim + head * hd..t * q_dim + (head + 1) * hd],
-                            scores,
-                            lanes,
-                            &mut out[head * hd..(head + 1) * hd],
-                        );
-                    }
+                    let q = &q[t * q_dim + head * hd..t * q_dim + (head + 1) * hd];
+                    attention::attend(self.isa, &inputs, q, scores, lanes, out);
                 });
-            };
-            // Tokens attend independently: spread them over the threads.
-            match self.pool.as_ref() {
-                Some(pool) if tokens > 1 => pool.install(|| {
-                    att.par_chunks_mut(q_dim)
-                        .enumerate()
-                        .for_each(|(t, out)| attend_token(t, out))
-                }),
-                _ => att
-                    .chunks_mut(q_dim)
-                    .enumerate()
-                    .for_each(|(t, out)| attend_token(t, out)),
-            }
+            });
             for t in 0..tokens {
-                s.acts[t].quantize(&att[t * q_dim..(t + 1) * q_dim]);
+                s.acts.rows[t].quantize(&att[t * q_dim..(t + 1) * q_dim]);
             }
+            s.acts.pack(tokens, interleave);
             let o = grow(&mut s.xb, tokens * h);
             mm.run(&layer.wo, &s.acts, att, tokens, o, &mut s.matmul[0]);
             for (xv, ov) in s.x[..tokens * h].iter_mut().zip(o.iter()) {
@@ -317,20 +281,20 @@ impl Forward {
                     p.rms_eps,
                     &mut xb[t * h..(t + 1) * h],
                 );
-                s.acts[t].quantize(&xb[t * h..(t + 1) * h]);
+                s.acts.rows[t].quantize(&xb[t * h..(t + 1) * h]);
             }
+            s.acts.pack(tokens, interleave);
             let gate = grow(&mut s.gate, tokens * p.ffn);
             let up = grow(&mut s.up, tokens * p.ffn);
             let [s0, s1, _] = &mut s.matmul;
-            let acts = &s.acts[..];
-            mm.join(
-                || mm.run(&layer.w_gate, acts, xb, tokens, gate, s0),
-                || mm.run(&layer.w_up, acts, xb, tokens, up, s1),
-            );
+            let acts = &s.acts;
+            let gate_up = [&layer.w_gate, &layer.w_up];
+            mm.run_together(gate_up, acts, xb, tokens, [&mut *gate, up], [s0, s1]);
             ggml_math::swiglu(self.isa, gate, up);
             for t in 0..tokens {
-                s.acts[t].quantize(&gate[t * p.ffn..(t + 1) * p.ffn]);
+                s.acts.rows[t].quantize(&gate[t * p.ffn..(t + 1) * p.ffn]);
             }
+            s.acts.pack(tokens, interleave);
             let down = grow(&mut s.xb, tokens * h);
             mm.run(&layer.w_down, &s.acts, gate, tokens, down, &mut s.matmul[0]);
             for (xv, dv) in s.x[..tokens * h].iter_mut().zip(down.iter()) {
@@ -348,8 +312,9 @@ impl Forward {
                 p.rms_eps,
                 &mut normed[j * h..(j + 1) * h],
             );
-            s.acts[j].quantize(&normed[j * h..(j + 1) * h]);
+            s.acts.rows[j].quantize(&normed[j * h..(j + 1) * h]);
         }
+        s.acts.pack(n, interleave);
         let head = self.weights.head();
         let logits = grow(&mut s.logits, n * head.rows);
         mm.run(head, &s.acts, normed, n, logits, &mut s.matmul[0]);

@@ -1,117 +1,192 @@
 //! Matrix times a batch of activation rows, split over output rows across the backend's
 //! threads, so that every weight is read once per step whatever the batch size.
 
-use super::dot::{tile, Isa, QuantRow};
-use super::quant::{Q8Row, WeightType, QK};
+use super::acts::{Activations, Group8, GROUP};
+use super::dot::{tile, tile8, Isa, QuantRow};
+use super::quant::{WeightType, QK};
+use super::team::Team;
 use super::weights::{Matrix, MatrixData};
-use rayon::prelude::*;
 
 /// Output rows computed per task (small enough that a batch-1 product of 576 rows splits evenly
 /// over the threads).
 const ROWS_PER_TASK: usize = 16;
 
-/// Where matrix products run: the kernel set and the thread pool (none: this thread).
+/// Where matrix products run: the kernel set and the threads.
 #[derive(Clone, Copy)]
 pub struct Matmul<'a> {
     pub isa: Isa,
-    pub pool: Option<&'a rayon::ThreadPool>,
+    pub team: &'a Team,
 }
 
 impl Matmul<'_> {
-    /// Runs `a` and `b` at once on the pool (products that read the same activations, so that
-    /// the threads meet once instead of twice); one after the other without a pool.
-    pub fn join<A, B>(&self, a: impl FnOnce() -> A + Send, b: impl FnOnce() -> B + Send) -> (A, B)
-    where
-        A: Send,
-        B: Send,
-    {
-        match self.pool {
-            Some(pool) => pool.join(a, b),
-            None => (a(), b()),
-        }
-    }
-
     /// `out[t * rows + r] = W[r] . x[t]` for the `tokens` activation rows, given both quantised
     /// (`acts`, for quantised weights) and as f32 (`xs`, for float weights).
     pub fn run(
         &self,
         w: &Matrix,
-        acts: &[Q8Row],
+        acts: &Activations,
         xs: &[f32],
         tokens: usize,
         out: &mut [f32],
         scratch: &mut Vec<f32>,
     ) {
-        let (isa, pool) = (self.isa, self.pool);
-        let rows = w.rows;
-        // Computed row-major by output row ([r][t]), so tasks own disjoint slices; then
-        // transposed into `out`.
-        scratch.resize(rows * tokens, 0.0);
-        let compute = |(chunk, dst): (usize, &mut [f32])| {
-            let first = chunk * ROWS_PER_TASK;
-            match &w.data {
-                MatrixData::Quantized {
-                    kind,
-                    bytes,
-                    row_bytes,
-                    d,
-                    m,
-                } => {
-                    let blocks = w.cols / QK;
-                    let row = |r: usize| QuantRow {
-                        blocks: &bytes[r * row_bytes..(r + 1) * row_bytes],
-                        d: &d[r * blocks..(r + 1) * blocks],
-                        m: if m.is_empty() {
-                            &[]
-                        } else {
-                            &m[r * blocks..(r + 1) * blocks]
-                        },
-                    };
-                    quantized_rows(isa, *kind, row, first, acts, tokens, dst);
-                }
-                MatrixData::F32(v) => {
-                    for (i, per_row) in dst.chunks_exact_mut(tokens).enumerate() {
-                        let row = &v[(first + i) * w.cols..(first + i + 1) * w.cols];
-                        for (t, o) in per_row.iter_mut().enumerate() {
-                            *o = row
-                                .iter()
-                                .zip(&xs[t * w.cols..(t + 1) * w.cols])
-                                .map(|(a, b)| a * b)
-                                .sum();
-                        }
-                    }
-                }
-            }
+        self.run_together([w], acts, xs, tokens, [out], [scratch]);
+    }
+
+    /// Several products of the same input at once (Q, K and V; gate and up), in one parallel
+    /// loop, so that the threads meet once instead of once per product.
+    pub fn run_together<const N: usize>(
+        &self,
+        ws: [&Matrix; N],
+        acts: &Activations,
+        xs: &[f32],
+        tokens: usize,
+        outs: [&mut [f32]; N],
+        scratch: [&mut Vec<f32>; N],
+    ) {
+        let compute = |m: usize, i: usize, dst: &mut [f32]| {
+            compute_rows(self.isa, ws[m], i * ROWS_PER_TASK, acts, xs, tokens, dst);
         };
         let chunk = ROWS_PER_TASK * tokens;
-        match pool {
-            Some(pool) => {
-                pool.install(|| scratch.par_chunks_mut(chunk).enumerate().for_each(compute))
-            }
-            None => scratch.chunks_mut(chunk).enumerate().for_each(compute),
+        if tokens == 1 {
+            // One token: row-major by output row is the output's own layout.
+            let mut which = 0;
+            let outs = outs.map(|out| {
+                which += 1;
+                &mut out[..ws[which - 1].rows]
+            });
+            self.team.for_each_chunks(outs, chunk, compute);
+            return;
         }
-        for (r, per_row) in scratch.chunks_exact(tokens).enumerate() {
-            for (t, v) in per_row.iter().enumerate() {
-                out[t * rows + r] = *v;
+        // Computed row-major by output row ([r][t]), so tasks own disjoint slices; then
+        // transposed into `out`.
+        let mut scratch = scratch;
+        for (s, w) in scratch.iter_mut().zip(ws) {
+            if s.len() < w.rows * tokens {
+                s.resize(w.rows * tokens, 0.0);
+            }
+        }
+        let mut which = 0;
+        let values = scratch.each_mut().map(|s| {
+            which += 1;
+            &mut s[..ws[which - 1].rows * tokens]
+        });
+        self.team.for_each_chunks(values, chunk, compute);
+        for ((w, out), s) in ws.iter().zip(outs).zip(&scratch) {
+            transpose(&s[..w.rows * tokens], w.rows, tokens, out);
+        }
+    }
+}
+
+/// Rows `first..` of `w` (as many as `dst` holds, `tokens` values each) against every token.
+fn compute_rows(
+    isa: Isa,
+    w: &Matrix,
+    first: usize,
+    acts: &Activations,
+    xs: &[f32],
+    tokens: usize,
+    dst: &mut [f32],
+) {
+    match &w.data {
+        MatrixData::Quantized {
+            kind,
+            bytes,
+            row_bytes,
+            d,
+            m,
+        } => {
+            let blocks = w.cols / QK;
+            let row = |r: usize| QuantRow {
+                blocks: &bytes[r * row_bytes..(r + 1) * row_bytes],
+                d: &d[r * blocks..(r + 1) * blocks],
+                m: if m.is_empty() {
+                    &[]
+                } else {
+                    &m[r * blocks..(r + 1) * blocks]
+                },
+            };
+            quantized_rows(isa, *kind, row, first, acts, tokens, dst);
+        }
+        MatrixData::F32(v) => {
+            for (i, per_row) in dst.chunks_exact_mut(tokens).enumerate() {
+                let row = &v[(first + i) * w.cols..(first + i + 1) * w.cols];
+                for (t, o) in per_row.iter_mut().enumerate() {
+                    *o = row
+                        .iter()
+                        .zip(&xs[t * w.cols..(t + 1) * w.cols])
+                        .map(|(a, b)| a * b)
+                        .sum();
+                }
+            }
+        }
+    }
+}
+
+/// `values` ([r][t]) into `out` ([t][r]), a task's rows at a time, so that each token's writes
+/// are contiguous.
+fn transpose(values: &[f32], rows: usize, tokens: usize, out: &mut [f32]) {
+    for (chunk, values) in values.chunks(ROWS_PER_TASK * tokens).enumerate() {
+        let first = chunk * ROWS_PER_TASK;
+        let n = values.len() / tokens;
+        for (t, dst) in out.chunks_exact_mut(rows).take(tokens).enumerate() {
+            for (i, o) in dst[first..first + n].iter_mut().enumerate() {
+                *o = values[i * tokens + t];
             }
         }
     }
 }
 
 /// Rows `first..` of a quantised matrix (as many as `dst` holds, `tokens` values each) against
-/// every activation: 4 tokens by 2 rows at a time, then the remaining tokens row by row.
+/// every activation: interleaved groups of 8 tokens by 2 rows at a time where the Isa has
+/// group kernels, then 4 tokens by 2 rows, then the remaining tokens row by row.
 fn quantized_rows<'w>(
     isa: Isa,
     kind: WeightType,
     row: impl Fn(usize) -> QuantRow<'w>,
     first: usize,
-    acts: &[Q8Row],
+    acts: &Activations,
     tokens: usize,
     dst: &mut [f32],
 ) {
     let n = dst.len() / tokens;
-    let whole = tokens / 4 * 4;
-    for t in (0..whole).step_by(4) {
+    let groups = if isa.tiles_groups() && matches!(kind, WeightType::Q4_1 | WeightType::Q8_0) {
+        acts.groups()
+    } else {
+        &[]
+    };
+    for (g, group) in groups.iter().enumerate() {
+        let mut i = 0;
+        while i + 2 <= n {
+            let rows = [row(first + i), row(first + i + 1)];
+            group_tile(
+                isa,
+                kind,
+                &rows,
+                group,
+                &mut dst[i * tokens..],
+                tokens,
+                g * GROUP,
+            );
+            i += 2;
+        }
+        if i < n {
+            let rows = [row(first + i)];
+            group_tile(
+                isa,
+                kind,
+                &rows,
+                group,
+                &mut dst[i * tokens..],
+                tokens,
+                g * GROUP,
+            );
+        }
+    }
+    let grouped = groups.len() * GROUP;
+    let acts = &acts.rows;
+    let whole = grouped + (tokens - grouped) / 4 * 4;
+    for t in (grouped..whole).step_by(4) {
         let a = [&acts[t], &acts[t + 1], &acts[t + 2], &acts[t + 3]];
         let mut i = 0;
         while i + 2 <= n {
@@ -142,5 +217,27 @@ fn quantized_rows<'w>(
             tile(isa, kind, &[row(first + i)], &[&acts[t]], &mut out);
             dst[i * tokens + t] = out[0][0];
         }
+    }
+}
+
+/// `R` rows against one group of eight tokens (the first of them token `t`), into `dst`'s
+/// rows of `tokens` values.
+fn group_tile<const R: usize>(
+    isa: Isa,
+    kind: WeightType,
+    rows: &[QuantRow<'_>; R],
+    group: &Group8,
+    dst: &mut [f32],
+    tokens: usize,
+    t: usize,
+) {
+    let mut out = [[0.0; GROUP]; R];
+    let covered = tile8(isa, kind, rows, group, &mut out);
+    debug_assert!(
+        covered,
+        "group kernels cover Q4_1 and Q8_0 rows of whole blocks"
+    );
+    for (k, o) in out.iter().enumerate() {
+        dst[k * tokens + t..k * tokens + t + GROUP].copy_from_slice(o);
     }
 }

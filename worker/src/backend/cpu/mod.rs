@@ -1,6 +1,7 @@
 //! The CPU backend: SmolLM2 (Llama family) from GGUF with quantised kernels, behind the
 //! engine's `Backend` trait.
 
+pub mod acts;
 pub mod attention;
 pub mod dot;
 pub mod forward;
@@ -8,6 +9,7 @@ pub mod ggml_math;
 pub mod kv_cache;
 pub mod matmul;
 pub mod quant;
+pub mod team;
 pub mod weights;
 
 use super::{Backend, BackendError, BatchOutput, BatchSlice, Sampled};
@@ -17,6 +19,7 @@ use dot::Isa;
 use forward::Forward;
 use kv_cache::KvCache;
 use std::path::Path;
+use team::Team;
 use weights::{WeightError, Weights};
 
 #[derive(Debug, Clone)]
@@ -46,18 +49,11 @@ impl CpuBackend {
         let per_block = KvCache::bytes_per_token(p.layers, kv_dim) * config.block_size;
         let num_blocks = (config.kv_cache_bytes / per_block.max(1)).max(1);
         let kv = KvCache::new(p.layers, num_blocks, config.block_size, kv_dim);
-        let pool = match config.threads {
-            0 | 1 => None,
-            n => Some(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(n)
-                    .thread_name(|i| format!("cpu-backend-{i}"))
-                    .build()
-                    .map_err(|e| WeightError::Params(format!("cannot start {n} threads: {e}")))?,
-            ),
-        };
+        let team = Team::new(config.threads).map_err(|e| {
+            WeightError::Params(format!("cannot start {} threads: {e}", config.threads))
+        })?;
         Ok(CpuBackend {
-            forward: Forward::new(weights, kv, Isa::detect(), pool),
+            forward: Forward::new(weights, kv, Isa::detect(), team),
             num_blocks,
             block_size: config.block_size,
         })

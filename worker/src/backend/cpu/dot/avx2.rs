@@ -110,7 +110,7 @@ unsafe fn q8_0_q8_0_impl(w: QuantRow<'_>, act: &Q8Row, blocks: usize) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma")]
-unsafe fn hsum(v: __m256) -> f32 {
+pub(super) unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));

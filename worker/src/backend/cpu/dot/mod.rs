@@ -5,8 +5,11 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod portable;
 
+use super::acts::{Group8, GROUP};
 use super::quant::{Q8Row, WeightType};
 
 /// Which implementation runs.
@@ -14,8 +17,10 @@ use super::quant::{Q8Row, WeightType};
 pub enum Isa {
     Portable,
     Avx2,
-    /// AVX2 kernels with AVX-512 VNNI integer dot products (on 256-bit registers: wider
-    /// registers would change which sums llama.cpp's AVX2 order groups together).
+    /// AVX-512 (F, BW, VL, VNNI): the AVX2 kernels with VNNI integer dot products, and for
+    /// groups of eight tokens, kernels that carry two tokens per 512-bit register (one
+    /// token's 256-bit lanes per half: wider lanes for one token would change which sums
+    /// llama.cpp's AVX2 order groups together).
     Avx512Vnni,
 }
 
@@ -27,7 +32,11 @@ impl Isa {
         {
             use std::arch::is_x86_feature_detected as has;
             let avx2 = has!("avx2") && has!("fma");
-            let vnni = avx2 && has!("avx512vnni") && has!("avx512vl");
+            let vnni = avx2
+                && has!("avx512f")
+                && has!("avx512bw")
+                && has!("avx512vl")
+                && has!("avx512vnni");
             match forced.as_str() {
                 "portable" => {}
                 "avx2" if avx2 => return Isa::Avx2,
@@ -51,6 +60,11 @@ impl Isa {
     /// Whether AVX2 and FMA are present (every kernel set but the portable one).
     pub fn has_avx2_fma(self) -> bool {
         self != Isa::Portable
+    }
+
+    /// Whether `tile8` has kernels here (so that activations are worth interleaving).
+    pub fn tiles_groups(self) -> bool {
+        self == Isa::Avx512Vnni
     }
 }
 
@@ -101,8 +115,26 @@ pub fn tile<const R: usize, const T: usize>(
     }
 }
 
+/// `R` rows against a group of eight tokens, bit-identical to `dot` pair by pair; `false`
+/// where this Isa has no group kernel for `kind` (the caller then uses `tile`).
+pub fn tile8<const R: usize>(
+    isa: Isa,
+    kind: WeightType,
+    rows: &[QuantRow<'_>; R],
+    group: &Group8,
+    out: &mut [[f32; GROUP]; R],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if isa.tiles_groups() {
+        return avx512::tile8(kind, rows, group, out);
+    }
+    let _ = (isa, kind, rows, group, out);
+    false
+}
+
 #[cfg(test)]
 mod tests {
+    use super::super::acts::Activations;
     use super::super::quant::{dequantize_row, QK};
     use super::*;
     use half::f16;
@@ -165,6 +197,23 @@ mod tests {
                     let mut tiled = [[0.0f32; 3]; 2];
                     tile(isa, kind, &[qrow, qrow], &[&act, &act, &act], &mut tiled);
                     prop_assert!(tiled.iter().flatten().all(|v| v.to_bits() == best.to_bits()), "{kind:?} {isa:?}: tiled {tiled:?} vs {best}");
+                }
+                if Isa::detect().tiles_groups() && kind != WeightType::Q4_0 {
+                    // Eight different tokens (scaled copies), each checked against `dot`.
+                    let mut acts = Activations::default();
+                    acts.reserve(8);
+                    for (t, row) in acts.rows.iter_mut().enumerate() {
+                        let x: Vec<f32> = xs[..blocks * QK].iter().enumerate().map(|(i, v)| v * (1.0 + t as f32 * 0.37) - (i % (t + 2)) as f32 * 0.1).collect();
+                        row.quantize(&x);
+                    }
+                    acts.pack(8, true);
+                    let mut grouped = [[0.0f32; GROUP]; 2];
+                    prop_assert!(tile8(Isa::detect(), kind, &[qrow, qrow], &acts.groups()[0], &mut grouped));
+                    for (t, row) in acts.rows.iter().enumerate() {
+                        let one = dot(Isa::detect(), kind, qrow, row);
+                        prop_assert_eq!(grouped[0][t].to_bits(), one.to_bits(), "{:?} token {}: {} vs {}", kind, t, grouped[0][t], one);
+                        prop_assert_eq!(grouped[1][t].to_bits(), one.to_bits());
+                    }
                 }
             }
         }
