@@ -7,9 +7,13 @@ use super::quant::{WeightType, QK};
 use super::team::Team;
 use super::weights::{Matrix, MatrixData};
 
-/// Output rows computed per task (small enough that a batch-1 product of 576 rows splits evenly
-/// over the threads).
+/// Output rows computed per task.
 const ROWS_PER_TASK: usize = 16;
+
+/// ... for a single token, where the product streams its weights from memory: longer runs per
+/// task keep each thread's reads sequential for the prefetchers (2-thread decode measured ~5 %
+/// faster than with 16), still several tasks per thread for a 576-row product.
+const ROWS_PER_SINGLE_TASK: usize = 96;
 
 /// Where matrix products run: the kernel set and the threads.
 #[derive(Clone, Copy)]
@@ -44,10 +48,15 @@ impl Matmul<'_> {
         outs: [&mut [f32]; N],
         scratch: [&mut Vec<f32>; N],
     ) {
-        let compute = |m: usize, i: usize, dst: &mut [f32]| {
-            compute_rows(self.isa, ws[m], i * ROWS_PER_TASK, acts, xs, tokens, dst);
+        let rows_per_task = if tokens == 1 {
+            ROWS_PER_SINGLE_TASK
+        } else {
+            ROWS_PER_TASK
         };
-        let chunk = ROWS_PER_TASK * tokens;
+        let compute = |m: usize, i: usize, dst: &mut [f32]| {
+            compute_rows(self.isa, ws[m], i * rows_per_task, acts, xs, tokens, dst);
+        };
+        let chunk = rows_per_task * tokens;
         if tokens == 1 {
             // One token: row-major by output row is the output's own layout.
             let mut which = 0;
