@@ -83,7 +83,7 @@ pub async fn run(config: BenchConfig) -> Result<Summary, String> {
             config.workload.name()
         ));
     }
-    let ideal = config.workload.ideal_cached_ratio(&jobs);
+    let ideal = config.workload.ideal_cached_ratio(&jobs, config.warmup);
     let driver = run::Driver {
         client,
         model: model.clone(),

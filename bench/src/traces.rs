@@ -53,16 +53,21 @@ pub fn mooncake(path: &Path, limit: usize) -> Result<Vec<TraceRequest>, String> 
 
 /// Share of prompt tokens an unbounded cache reuses, replaying in order: a block is reused
 /// when its id was seen before (whole blocks; the trace's own definition).
-pub fn mooncake_ideal_reuse(trace: &[TraceRequest]) -> f64 {
+pub fn mooncake_ideal_reuse(trace: &[TraceRequest], warmup: usize) -> f64 {
     let mut seen = HashSet::new();
     let (mut reused, mut total) = (0usize, 0usize);
-    for r in trace {
-        total += r.input_length;
+    for (i, r) in trace.iter().enumerate() {
+        let measured = i >= warmup;
+        if measured {
+            total += r.input_length;
+        }
         let mut run = true;
         for (k, h) in r.hash_ids.iter().enumerate() {
             let fresh = seen.insert(*h);
             if run && !fresh {
-                reused += 512.min(r.input_length.saturating_sub(k * 512));
+                if measured {
+                    reused += 512.min(r.input_length.saturating_sub(k * 512));
+                }
             } else {
                 run = false;
             }
@@ -159,7 +164,11 @@ mod tests {
             hash_ids: ids,
         };
         // Second request reuses blocks 0 and 1 (1024 tokens) of its 1100.
-        let reuse = mooncake_ideal_reuse(&[r(vec![0, 1, 2], 1500), r(vec![0, 1, 3], 1100)]);
+        let trace = [r(vec![0, 1, 2], 1500), r(vec![0, 1, 3], 1100)];
+        let reuse = mooncake_ideal_reuse(&trace, 0);
         assert!((reuse - 1024.0 / 2600.0).abs() < 1e-9, "{reuse}");
+        // With the first as warm-up, only the second is measured.
+        let reuse = mooncake_ideal_reuse(&trace, 1);
+        assert!((reuse - 1024.0 / 1100.0).abs() < 1e-9, "{reuse}");
     }
 }

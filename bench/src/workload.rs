@@ -195,24 +195,30 @@ impl Workload {
     }
 
     /// The share of prompt tokens a single replica with an unbounded cache could reuse (the
-    /// reference for the measured cached-token ratio), in this workload's own terms.
-    pub fn ideal_cached_ratio(&self, jobs: &[Job]) -> Option<f64> {
+    /// reference for the measured cached-token ratio), in this workload's own terms, over the
+    /// requests after the first `warmup` (whose prefixes count as already seen, as they are
+    /// for the measured requests).
+    pub fn ideal_cached_ratio(&self, jobs: &[Job], warmup: usize) -> Option<f64> {
         match self {
             Workload::SharedPrefix {
-                groups,
                 system_len,
                 question_len,
                 ..
             } => {
-                let per = (system_len + question_len) as f64;
-                let total = jobs.len() as f64 * per;
-                let first_seen = (*groups).min(jobs.len()) as f64;
-                let reused = (jobs.len() as f64 - first_seen).max(0.0) * *system_len as f64;
-                (total > 0.0).then(|| reused / total)
+                let mut seen = std::collections::HashSet::new();
+                let (mut reused, mut total) = (0usize, 0usize);
+                for (i, job) in jobs.iter().enumerate() {
+                    let fresh = seen.insert(job.group.clone());
+                    if i >= warmup {
+                        total += system_len + question_len;
+                        reused += if fresh { 0 } else { *system_len };
+                    }
+                }
+                (total > 0).then(|| reused as f64 / total as f64)
             }
             Workload::Mooncake { path, .. } => {
                 let trace = traces::mooncake(path, jobs.len()).ok()?;
-                Some(traces::mooncake_ideal_reuse(&trace))
+                Some(traces::mooncake_ideal_reuse(&trace, warmup))
             }
             _ => None,
         }
@@ -243,8 +249,22 @@ mod tests {
             .collect();
         assert_eq!(pairs.len(), 3, "one group key per system prompt");
         assert_eq!(jobs, w.jobs(100, 1)?, "deterministic");
-        let ideal = w.ideal_cached_ratio(&jobs).unwrap_or(0.0);
+        let ideal = w.ideal_cached_ratio(&jobs, 0).unwrap_or(0.0);
         assert!((ideal - 9.0 * 50.0 / (12.0 * 55.0)).abs() < 1e-9, "{ideal}");
+        // After a warm-up that saw every group, every measured request could reuse its prefix.
+        let first_all = 1
+            + (0..jobs.len())
+                .find(|&i| {
+                    jobs[..=i]
+                        .iter()
+                        .map(|j| &j.group)
+                        .collect::<std::collections::BTreeSet<_>>()
+                        .len()
+                        == 3
+                })
+                .unwrap_or(0);
+        let ideal = w.ideal_cached_ratio(&jobs, first_all).unwrap_or(0.0);
+        assert!((ideal - 50.0 / 55.0).abs() < 1e-9, "{ideal}");
         Ok(())
     }
 
