@@ -111,87 +111,103 @@ fn attend_impl(
     let inv = (1.0 / ggml_math::exp_and_sum(scores, max)) as f32;
     // out[d] = Σ_pos p[pos] · v[pos][d], position `pos` in lane pos % 8 of chunk (pos / 8) % n.
     // Lanes are stored slot-major (`lanes[slot * hd + d]`) so each position's update is one
-    // contiguous run of fused multiply-adds.
-    let chunks = order.chunks();
-    let lanes = &mut lanes[..hd * 8 * chunks];
-    lanes.fill(0.0);
+    // contiguous run of fused multiply-adds. Position `pos < slots` is its slot's first: it
+    // starts the slot with `p·v + 0`, exactly what adding to a zeroed slot gives, so only
+    // slots no position reaches are zeroed.
+    let slots = order.chunks() * 8;
+    let lanes = &mut lanes[..hd * slots];
+    let n = scores.len();
+    lanes[n.min(slots) * hd..].fill(0.0);
     for (pos, (&w, &off)) in scores.iter().zip(inputs.offsets).enumerate() {
         let p = f16::from_f32(w * inv).to_f32();
-        let slot = (pos / 8 % chunks) * 8 + pos % 8;
+        let slot = pos % slots;
         let base = off + inputs.kv_head;
         let acc = &mut lanes[slot * hd..(slot + 1) * hd];
-        for (a, &v) in acc.iter_mut().zip(&inputs.v_cache[base..base + hd]) {
-            *a = p.mul_add(v, *a);
+        let v = &inputs.v_cache[base..base + hd];
+        if pos < slots {
+            for (a, &v) in acc.iter_mut().zip(v) {
+                *a = p.mul_add(v, 0.0);
+            }
+        } else {
+            for (a, &v) in acc.iter_mut().zip(v) {
+                *a = p.mul_add(v, *a);
+            }
         }
     }
-    // The same reduction as `reduce`, done a whole slot row (every d) at a time.
-    let row = |slot: usize| &lanes[slot * hd..(slot + 1) * hd];
+    // The same reduction as `dot`'s, a whole slot row (every d) at a time, in place.
+    let mut add = |dst: usize, src: usize| {
+        let (low, high) = lanes.split_at_mut(src * hd);
+        for (a, b) in low[dst * hd..(dst + 1) * hd].iter_mut().zip(&high[..hd]) {
+            *a += b;
+        }
+    };
     match order {
         SumOrder::Prompt => {
-            for (d, o) in out.iter_mut().enumerate() {
-                let h = |i: usize| row(i)[d] + row(i + 4)[d];
-                *o = (h(0) + h(2)) + (h(1) + h(3));
-            }
+            // hsum8: h_i = l_i + l_{i+4}, then (h_0 + h_2) + (h_1 + h_3).
+            (0..4).for_each(|i| add(i, i + 4));
+            add(0, 2);
+            add(1, 3);
+            add(0, 1);
         }
         SumOrder::Decode => {
-            for (d, o) in out.iter_mut().enumerate() {
-                let x = |i: usize| (row(i)[d] + row(16 + i)[d]) + (row(8 + i)[d] + row(24 + i)[d]);
-                let t = |j: usize| x(j) + x(j + 4);
-                *o = (t(0) + t(1)) + (t(2) + t(3));
+            // x_i = (c0_i + c2_i) + (c1_i + c3_i); t_j = x_j + x_{j+4};
+            // (t_0 + t_1) + (t_2 + t_3).
+            for i in 0..8 {
+                add(i, 16 + i);
+                add(8 + i, 24 + i);
+                add(i, 8 + i);
             }
+            (0..4).for_each(|j| add(j, j + 4));
+            add(0, 1);
+            add(2, 3);
+            add(0, 2);
         }
     }
+    out.copy_from_slice(&lanes[..hd]);
 }
 
 /// `a · b` in llama.cpp's order for `order` (lengths a multiple of 8 for `Prompt`; any other
 /// length sums as `Decode` does, as llama.cpp falls back to its vector dot product).
 #[inline(always)]
 fn dot(order: SumOrder, a: &[f32], b: &[f32]) -> f32 {
-    let order = if a.len().is_multiple_of(8) {
-        order
+    if order == SumOrder::Prompt && a.len().is_multiple_of(8) {
+        // tinyBLAS: one 8-lane accumulator, then its `hsum`.
+        let acc = lanes::<1>(a, b);
+        ggml_math::hsum8(&acc[0])
     } else {
-        SumOrder::Decode
-    };
-    let whole = match order {
-        SumOrder::Prompt => a.len(),
-        SumOrder::Decode => a.len() / 32 * 32,
-    };
-    // Lane j of chunk k at acc[k * 8 + j]: one chunk cycles for Prompt, four for Decode.
-    let mut acc = [0.0f32; 32];
-    let step = order.chunks() * 8;
-    for (xs, ys) in a[..whole].chunks_exact(step).zip(b.chunks_exact(step)) {
-        for ((s, &x), &y) in acc.iter_mut().zip(xs).zip(ys) {
-            *s = x.mul_add(y, *s);
+        // ggml_vec_dot_f16: four 8-lane accumulators over 32 at a time, GGML_F32x8_REDUCE
+        // (chunk 0+2 and 1+3, then those two, then halves and two hadds), then the
+        // leftovers as f32 products summed in f64.
+        let whole = a.len() / 32 * 32;
+        let acc = lanes::<4>(&a[..whole], &b[..whole]);
+        let x: [f32; 8] =
+            std::array::from_fn(|i| (acc[0][i] + acc[2][i]) + (acc[1][i] + acc[3][i]));
+        let t = [x[0] + x[4], x[1] + x[5], x[2] + x[6], x[3] + x[7]];
+        let mut sum = (t[0] + t[1]) + (t[2] + t[3]);
+        if whole < a.len() {
+            let mut wide = f64::from(sum);
+            for (&x, &y) in a[whole..].iter().zip(&b[whole..]) {
+                wide += f64::from(x * y);
+            }
+            sum = wide as f32;
         }
+        sum
     }
-    let mut sum = reduce(order, &acc);
-    if whole < a.len() {
-        // ggml_vec_dot_f16's leftovers: f32 products summed in f64.
-        let mut wide = f64::from(sum);
-        for (&x, &y) in a[whole..].iter().zip(&b[whole..]) {
-            wide += f64::from(x * y);
-        }
-        sum = wide as f32;
-    }
-    sum
 }
 
-/// Sums 32 lane accumulators the way the matching llama.cpp kernel does.
+/// `C` accumulators of 8 lanes, element `i` of `a · b` fused into lane `i % 8` of accumulator
+/// `(i / 8) % C` (`a.len()` a multiple of `8 * C`). Fixed-size, so they stay in registers.
 #[inline(always)]
-fn reduce(order: SumOrder, acc: &[f32]) -> f32 {
-    match order {
-        // tinyBLAS's `hsum`.
-        SumOrder::Prompt => ggml_math::hsum8(&acc[..8]),
-        // GGML_F32x8_REDUCE: chunk 0+2 and 1+3, then those two, then halves and two hadds.
-        SumOrder::Decode => {
-            let mut x = [0.0f32; 8];
-            for (i, v) in x.iter_mut().enumerate() {
-                *v = (acc[i] + acc[16 + i]) + (acc[8 + i] + acc[24 + i]);
+fn lanes<const C: usize>(a: &[f32], b: &[f32]) -> [[f32; 8]; C] {
+    let mut acc = [[0.0f32; 8]; C];
+    for (xs, ys) in a.chunks_exact(8 * C).zip(b.chunks_exact(8 * C)) {
+        for (k, acc) in acc.iter_mut().enumerate() {
+            for (j, s) in acc.iter_mut().enumerate() {
+                *s = xs[k * 8 + j].mul_add(ys[k * 8 + j], *s);
             }
-            let t = [x[0] + x[4], x[1] + x[5], x[2] + x[6], x[3] + x[7]];
-            (t[0] + t[1]) + (t[2] + t[3])
         }
     }
+    acc
 }
 
 #[cfg(test)]
