@@ -42,6 +42,10 @@ pub fn parse(
     };
     Ok(RoutedRequest {
         features: RequestFeatures {
+            // A session's turns extend one prefix: its id places it on the ring, so sessions
+            // that share only a system prompt spread over the fleet instead of all following
+            // that prompt's owner (the prefix signal still favours replicas holding blocks).
+            ring_key: session.unwrap_or(features.ring_key),
             session,
             now_ms: cx.now_ms,
             ..features
@@ -157,6 +161,41 @@ mod tests {
         let e = err(Endpoint::Completions, r#"{"model":"m","#);
         assert!(e.message.contains("not valid JSON"));
         assert_eq!(e.status(), 400);
+    }
+
+    #[test]
+    fn sessions_key_the_ring_and_other_requests_their_prefix() {
+        let body = |q: &str| {
+            let system = "s".repeat(2048);
+            format!(
+                r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"{q}"}}]}}"#
+            )
+        };
+        let key = |session: Option<&str>, q: &str| {
+            let cx = ParseContext {
+                policy: &PolicyConfig::default(),
+                tokenizers: &TokenModes::new(),
+                session_header: session.map(str::as_bytes),
+                now_ms: 0,
+            };
+            let parsed = parse(Endpoint::Chat, body(q).as_bytes(), &cx);
+            parsed.map(|r| r.features.ring_key).unwrap_or_default()
+        };
+        assert_eq!(
+            key(None, "a"),
+            key(None, "b"),
+            "same system prompt, same owner"
+        );
+        assert_ne!(
+            key(Some("s1"), "a"),
+            key(Some("s2"), "a"),
+            "sessions spread"
+        );
+        assert_eq!(
+            key(Some("s1"), "a"),
+            key(Some("s1"), "a then b"),
+            "a session keeps its key"
+        );
     }
 
     #[test]
