@@ -3,6 +3,7 @@
 //! 512-bit load brings a block of two tokens and its scales.
 
 use super::quant::{Q8Row, QK};
+use super::team::Team;
 
 /// Tokens per interleaved group.
 pub const GROUP: usize = 8;
@@ -59,15 +60,16 @@ impl Activations {
     }
 
     /// Interleaves the first `tokens` rows eight at a time (all but the last `tokens % 8`),
-    /// or forgets earlier groups when `pack` is false.
-    pub fn pack(&mut self, tokens: usize, pack: bool) {
+    /// a group per task on `team`, or forgets earlier groups when `pack` is false.
+    pub fn pack(&mut self, tokens: usize, pack: bool, team: &Team) {
         self.grouped = if pack { tokens / GROUP } else { 0 };
         if self.groups.len() < self.grouped {
             self.groups.resize_with(self.grouped, Group8::default);
         }
-        for (g, group) in self.groups[..self.grouped].iter_mut().enumerate() {
-            group.fill(&self.rows[g * GROUP..(g + 1) * GROUP]);
-        }
+        let rows = &self.rows;
+        team.for_each_chunk(&mut self.groups[..self.grouped], 1, |g, group| {
+            group[0].fill(&rows[g * GROUP..(g + 1) * GROUP]);
+        });
     }
 
     /// The current interleaved groups (covering tokens `0..8 * groups().len()`).

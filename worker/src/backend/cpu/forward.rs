@@ -192,16 +192,12 @@ impl Forward {
             // Attention block.
             let x = &mut s.x[..tokens * h];
             let xb = grow(&mut s.xb, tokens * h);
-            for t in 0..tokens {
-                rms_norm(
-                    &x[t * h..(t + 1) * h],
-                    &layer.attn_norm,
-                    p.rms_eps,
-                    &mut xb[t * h..(t + 1) * h],
-                );
-                s.acts.rows[t].quantize(&xb[t * h..(t + 1) * h]);
-            }
-            s.acts.pack(tokens, interleave);
+            let rows = &mut s.acts.rows[..tokens];
+            self.team.for_each_pair((xb, h), (rows, 1), |t, xb, row| {
+                rms_norm(&x[t * h..(t + 1) * h], &layer.attn_norm, p.rms_eps, xb);
+                row[0].quantize(xb);
+            });
+            s.acts.pack(tokens, interleave, &self.team);
             let q = grow(&mut s.q, tokens * q_dim);
             let k = grow(&mut s.k, tokens * kv_dim);
             let v = grow(&mut s.v, tokens * kv_dim);
@@ -261,10 +257,12 @@ impl Forward {
                     attention::attend(self.isa, &inputs, q, scores, lanes, out);
                 });
             });
-            for t in 0..tokens {
-                s.acts.rows[t].quantize(&att[t * q_dim..(t + 1) * q_dim]);
-            }
-            s.acts.pack(tokens, interleave);
+            let rows = &mut s.acts.rows[..tokens];
+            self.team
+                .for_each_pair((&mut *att, q_dim), (rows, 1), |_, att, row| {
+                    row[0].quantize(att)
+                });
+            s.acts.pack(tokens, interleave, &self.team);
             let o = grow(&mut s.xb, tokens * h);
             mm.run(&layer.wo, &s.acts, att, tokens, o, &mut s.matmul[0]);
             for (xv, ov) in s.x[..tokens * h].iter_mut().zip(o.iter()) {
@@ -274,27 +272,25 @@ impl Forward {
             // Feed-forward block (SwiGLU).
             let x = &s.x[..tokens * h];
             let xb = grow(&mut s.xb, tokens * h);
-            for t in 0..tokens {
-                rms_norm(
-                    &x[t * h..(t + 1) * h],
-                    &layer.ffn_norm,
-                    p.rms_eps,
-                    &mut xb[t * h..(t + 1) * h],
-                );
-                s.acts.rows[t].quantize(&xb[t * h..(t + 1) * h]);
-            }
-            s.acts.pack(tokens, interleave);
+            let rows = &mut s.acts.rows[..tokens];
+            self.team.for_each_pair((xb, h), (rows, 1), |t, xb, row| {
+                rms_norm(&x[t * h..(t + 1) * h], &layer.ffn_norm, p.rms_eps, xb);
+                row[0].quantize(xb);
+            });
+            s.acts.pack(tokens, interleave, &self.team);
             let gate = grow(&mut s.gate, tokens * p.ffn);
             let up = grow(&mut s.up, tokens * p.ffn);
             let [s0, s1, _] = &mut s.matmul;
             let acts = &s.acts;
             let gate_up = [&layer.w_gate, &layer.w_up];
             mm.run_together(gate_up, acts, xb, tokens, [&mut *gate, up], [s0, s1]);
-            ggml_math::swiglu(self.isa, gate, up);
-            for t in 0..tokens {
-                s.acts.rows[t].quantize(&gate[t * p.ffn..(t + 1) * p.ffn]);
-            }
-            s.acts.pack(tokens, interleave);
+            let rows = &mut s.acts.rows[..tokens];
+            self.team
+                .for_each_pair((&mut *gate, p.ffn), (rows, 1), |t, gate, row| {
+                    ggml_math::swiglu(self.isa, gate, &up[t * p.ffn..(t + 1) * p.ffn]);
+                    row[0].quantize(gate);
+                });
+            s.acts.pack(tokens, interleave, &self.team);
             let down = grow(&mut s.xb, tokens * h);
             mm.run(&layer.w_down, &s.acts, gate, tokens, down, &mut s.matmul[0]);
             for (xv, dv) in s.x[..tokens * h].iter_mut().zip(down.iter()) {
@@ -314,7 +310,7 @@ impl Forward {
             );
             s.acts.rows[j].quantize(&normed[j * h..(j + 1) * h]);
         }
-        s.acts.pack(n, interleave);
+        s.acts.pack(n, interleave, &self.team);
         let head = self.weights.head();
         let logits = grow(&mut s.logits, n * head.rows);
         mm.run(head, &s.acts, normed, n, logits, &mut s.matmul[0]);

@@ -82,7 +82,7 @@ impl Matmul<'_> {
         });
         self.team.for_each_chunks(values, chunk, compute);
         for ((w, out), s) in ws.iter().zip(outs).zip(&scratch) {
-            transpose(&s[..w.rows * tokens], w.rows, tokens, out);
+            transpose(self.team, &s[..w.rows * tokens], w.rows, tokens, out);
         }
     }
 }
@@ -132,18 +132,24 @@ fn compute_rows(
     }
 }
 
-/// `values` ([r][t]) into `out` ([t][r]), a task's rows at a time, so that each token's writes
-/// are contiguous.
-fn transpose(values: &[f32], rows: usize, tokens: usize, out: &mut [f32]) {
-    for (chunk, values) in values.chunks(ROWS_PER_TASK * tokens).enumerate() {
-        let first = chunk * ROWS_PER_TASK;
-        let n = values.len() / tokens;
-        for (t, dst) in out.chunks_exact_mut(rows).take(tokens).enumerate() {
-            for (i, o) in dst[first..first + n].iter_mut().enumerate() {
-                *o = values[i * tokens + t];
+/// `values` ([r][t]) into `out` ([t][r]), eight tokens per task: each row's eight values are
+/// read together, and a task's writes stay within its tokens' rows.
+fn transpose(team: &Team, values: &[f32], rows: usize, tokens: usize, out: &mut [f32]) {
+    const TOKENS_PER_TASK: usize = 8;
+    team.for_each_chunk(
+        &mut out[..rows * tokens],
+        rows * TOKENS_PER_TASK,
+        |c, dst| {
+            let first = c * TOKENS_PER_TASK;
+            let n = dst.len() / rows;
+            for r in 0..rows {
+                let src = &values[r * tokens + first..r * tokens + first + n];
+                for (t, v) in src.iter().enumerate() {
+                    dst[t * rows + r] = *v;
+                }
             }
-        }
-    }
+        },
+    );
 }
 
 /// Rows `first..` of a quantised matrix (as many as `dst` holds, `tokens` values each) against

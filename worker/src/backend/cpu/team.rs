@@ -167,6 +167,32 @@ impl Team {
     }
 }
 
+impl Team {
+    /// Runs `body(i, a_i, b_i)` over the chunks of `a` (of `a_size`) and of `b` (of `b_size`)
+    /// taken pairwise, as many as the shorter has: per-token work that writes two buffers.
+    pub fn for_each_pair<A: Send, B: Send>(
+        &self,
+        (a, a_size): (&mut [A], usize),
+        (b, b_size): (&mut [B], usize),
+        body: impl Fn(usize, &mut [A], &mut [B]) + Sync,
+    ) {
+        let (a_size, b_size) = (a_size.max(1), b_size.max(1));
+        let tasks = (a.len() / a_size).min(b.len() / b_size);
+        let (a, b) = (SendPtr(a.as_mut_ptr()), SendPtr(b.as_mut_ptr()));
+        self.for_each(tasks, |i| {
+            // SAFETY: chunk `i` of each slice lies inside it (`i < tasks`), is disjoint from
+            // every other chunk, and each index runs exactly once; the slices outlive the loop.
+            let (a_i, b_i) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(a.at(i * a_size), a_size),
+                    std::slice::from_raw_parts_mut(b.at(i * b_size), b_size),
+                )
+            };
+            body(i, a_i, b_i);
+        });
+    }
+}
+
 /// A pointer that may cross to the team's threads (each uses a disjoint part of it).
 struct SendPtr<T>(*mut T);
 
@@ -273,6 +299,18 @@ mod tests {
             }
         });
         assert!(data.iter().enumerate().all(|(i, v)| i == *v));
+    }
+
+    #[test]
+    fn pairs_follow_the_shorter_slice() {
+        let team = Team::new(2).unwrap();
+        let (mut a, mut b) = (vec![0usize; 30], vec![0usize; 4]);
+        team.for_each_pair((&mut a, 10), (&mut b, 1), |i, a, b| {
+            a.iter_mut().for_each(|v| *v = i);
+            b[0] = i + 100;
+        });
+        assert_eq!(b, [100, 101, 102, 0]);
+        assert!(a.iter().enumerate().all(|(j, v)| *v == j / 10));
     }
 
     #[test]

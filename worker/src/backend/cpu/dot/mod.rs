@@ -206,7 +206,7 @@ mod tests {
                         let x: Vec<f32> = xs[..blocks * QK].iter().enumerate().map(|(i, v)| v * (1.0 + t as f32 * 0.37) - (i % (t + 2)) as f32 * 0.1).collect();
                         row.quantize(&x);
                     }
-                    acts.pack(8, true);
+                    acts.pack(8, true, &super::super::team::Team::new(1).unwrap());
                     let mut grouped = [[0.0f32; GROUP]; 2];
                     prop_assert!(tile8(Isa::detect(), kind, &[qrow, qrow], &acts.groups()[0], &mut grouped));
                     for (t, row) in acts.rows.iter().enumerate() {
