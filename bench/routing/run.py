@@ -13,7 +13,7 @@ trace (prompts scaled down 8x). Every worker's prefix cache is emptied between r
 Writes bench/routing/results/<workload>/<config>/ (the bench's summary.json, requests.csv,
 plots) and prints one markdown table per workload, with the run's labels.
 
-Usage: bench/routing/run.py [--workloads shared-prefix,multi-turn,mooncake]
+Usage: bench/routing/run.py [--workloads shared-prefix,shared-prefix-small-kv,multi-turn,mooncake]
                             [--configs NAME,...] [--workers 4] [--time-scale 4] [--rounds 3]
 Each configuration runs `--rounds` times (rounds interleaved across configurations); the tables
 give each metric's median over the rounds, and the TTFT P90 of every round.
@@ -48,10 +48,13 @@ WORKLOADS = {
     "mooncake": ["--workload", f"mooncake:{TRACE}", "--block-tokens", "64", "--requests", "1200",
                  "--warmup", "100", "--time-scale", "2"],
 }
-# KV blocks (16 tokens) per worker: small for the synthetic workloads, so that spreading every
-# prefix everywhere evicts; for the trace, sized like an H200 serving an 8B model (~0.5M tokens
-# of its ~1M), since its working set (1.5M tokens over 1,200 requests) is what it tests.
-KV_BLOCKS = {"mooncake": 32768}
+# The same shared-prefix traffic with KV for a quarter of its system prompts per replica (all
+# of them across the fleet): the regime prefix-aware routing is for.
+WORKLOADS["shared-prefix-small-kv"] = WORKLOADS["shared-prefix"]
+# KV blocks (16 tokens) per worker: small for the synthetic workloads; for the trace, sized like
+# an H200 serving an 8B model (~0.5M tokens of its ~1M), since its working set (1.5M tokens
+# over 1,200 requests) is what it tests.
+KV_BLOCKS = {"shared-prefix-small-kv": 640, "mooncake": 32768}
 CONFIGS = ["round-robin", "least-load", "consistent-hash", "approx-prefix", "kvgate",
            "kvgate-cache-first", "sglang-cache-aware", "vllm-consistent-hash"]
 
