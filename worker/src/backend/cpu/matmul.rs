@@ -171,31 +171,14 @@ fn quantized_rows<'w>(
         &[]
     };
     for (g, group) in groups.iter().enumerate() {
-        let mut i = 0;
-        while i + 2 <= n {
-            let rows = [row(first + i), row(first + i + 1)];
-            group_tile(
-                isa,
-                kind,
-                &rows,
-                group,
-                &mut dst[i * tokens..],
-                tokens,
-                g * GROUP,
-            );
-            i += 2;
-        }
-        if i < n {
-            let rows = [row(first + i)];
-            group_tile(
-                isa,
-                kind,
-                &rows,
-                group,
-                &mut dst[i * tokens..],
-                tokens,
-                g * GROUP,
-            );
+        for i in (0..n).step_by(2) {
+            let (dst, t) = (&mut dst[i * tokens..], g * GROUP);
+            if i + 1 < n {
+                let rows = [row(first + i), row(first + i + 1)];
+                group_tile(isa, kind, &rows, group, dst, tokens, t);
+            } else {
+                group_tile(isa, kind, &[row(first + i)], group, dst, tokens, t);
+            }
         }
     }
     let grouped = groups.len() * GROUP;
