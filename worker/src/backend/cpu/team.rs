@@ -34,6 +34,8 @@ struct Shared {
     next: AtomicUsize,
     /// Helpers done with the current loop.
     finished: AtomicUsize,
+    /// A loop is running (loops neither nest nor overlap: one `job` slot).
+    busy: AtomicBool,
     /// A task panicked in a helper.
     panicked: AtomicBool,
     stop: AtomicBool,
@@ -64,6 +66,7 @@ impl Team {
             }),
             next: AtomicUsize::new(0),
             finished: AtomicUsize::new(0),
+            busy: AtomicBool::new(false),
             panicked: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             sleeping: AtomicUsize::new(0),
@@ -99,9 +102,13 @@ impl Team {
             return;
         }
         let s = &*self.shared;
+        assert!(
+            !s.busy.swap(true, Ordering::Acquire),
+            "Team::for_each called from a task or from two threads at once"
+        );
         let body: &(dyn Fn(usize) + Sync) = &body;
-        // SAFETY: no helper is inside a loop (the previous call waited for all of them), so
-        // nothing reads `job` now; the erased lifetime is sound because this function does not
+        // SAFETY: no helper is inside a loop (the previous call waited for all of them, and
+        // `busy` rules out a nested or concurrent one), so nothing reads `job` now; the erased lifetime is sound because this function does not
         // return before every helper is done with `body`.
         unsafe {
             *s.job.get() = Job {
@@ -122,6 +129,7 @@ impl Team {
         while s.finished.load(Ordering::Acquire) < n - 1 {
             pause(&mut spins);
         }
+        s.busy.store(false, Ordering::Release);
         if let Err(panic) = mine {
             s.panicked.store(false, Ordering::SeqCst);
             std::panic::resume_unwind(panic);
@@ -326,6 +334,20 @@ mod tests {
         });
         assert_eq!(b, [100, 101, 102, 0]);
         assert!(a.iter().enumerate().all(|(j, v)| *v == j / 10));
+    }
+
+    #[test]
+    fn a_nested_loop_is_refused() {
+        let team = Team::new(2).unwrap();
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            team.for_each(4, |_| team.for_each(2, |_| {}));
+        }));
+        assert!(outcome.is_err());
+        let sum = AtomicUsize::new(0);
+        team.for_each(3, |i| {
+            sum.fetch_add(i, Ordering::Relaxed);
+        });
+        assert_eq!(sum.load(Ordering::Relaxed), 3);
     }
 
     #[test]
