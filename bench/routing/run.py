@@ -33,8 +33,8 @@ if not os.path.exists(TRACE):
 # Offered load, chosen near the knee of the cache-blind configurations on this machine (stated
 # in BENCHMARKS.md with the results). The first wave of requests (one per concurrency slot) is
 # warm-up: it meets empty caches in every configuration alike, and at fixed concurrency it is a
-# burst of cold prefills that sets the tail of a short run. The bench reports the cold start
-# apart (its ideal cached ratio counts warm-up prefixes as seen).
+# burst of cold prefills that sets the tail of a short run. Its rows stay in requests.csv,
+# marked; the ideal cached ratio counts warm-up prefixes as seen.
 WORKLOADS = {
     "shared-prefix": ["--workload", "shared-prefix", "--groups", "16", "--prompts-per-group", "18",
                       "--system-len", "1024", "--question-len", "128", "--output-len", "64",
@@ -227,7 +227,7 @@ def imbalance(per):
 
 def table(workload, results):
     """One row per configuration: each metric's median over its rounds (`results`: config ->
-    list of summaries), the P90 of each round, and the spread of the median round."""
+    list of summaries), the median of the rounds' spreads, and the P90 of each round."""
     lines = [f"#### {workload}", "",
              "| config | TTFT p50 | TTFT p90 | TTFT p99 | ITL p99 | e2e p99 | req/s | out tok/s | cached ratio | max/min per replica | TTFT p90 per round |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
