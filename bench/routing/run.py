@@ -15,6 +15,8 @@ plots) and prints one markdown table per workload, with the run's labels.
 
 Usage: bench/routing/run.py [--workloads shared-prefix,shared-prefix-small-kv,multi-turn,mooncake]
                             [--configs NAME,...] [--workers 4] [--time-scale 4] [--rounds 3]
+Config names beyond the fixed ones: `kvgate+FIELD=VALUE[+...]` is the default preset with
+`policy:` fields set (e.g. `kvgate+load_factor=1.5`).
 Each configuration runs `--rounds` times (rounds interleaved across configurations); the tables
 give each metric's median over the rounds, and the TTFT P90 of every round.
 Peers: bench/peers/install (SGLang and vLLM routers in a venv outside the repository).
@@ -144,6 +146,10 @@ def gateway_yaml(port, admin, workers, config, token_file):
         y += ["policy:", f"  weights: {weights}"]
     if config == "kvgate-cache-first":
         y += ["policy: {preset: cache-first}"]
+    # `kvgate+load_factor=1.5+kv_saturation=0.95`: the default preset with policy fields set.
+    overrides = config.split("+")[1:]
+    if config.startswith("kvgate+") and overrides:
+        y += ["policy: {" + ", ".join(o.replace("=", ": ") for o in overrides) + "}"]
     if config.startswith("kvgate"):
         y += ["agents:", f'  token_file: "{token_file}"',
               "tokenizers:", f'  - {{model: "{MODEL}", path: "{GGUF}", block_size: 16}}']
