@@ -59,12 +59,8 @@ impl Matmul<'_> {
         let chunk = rows_per_task * tokens;
         if tokens == 1 {
             // One token: row-major by output row is the output's own layout.
-            let mut which = 0;
-            let outs = outs.map(|out| {
-                which += 1;
-                &mut out[..ws[which - 1].rows]
-            });
-            self.team.for_each_chunks(outs, chunk, compute);
+            self.team
+                .for_each_chunks(leading(outs, ws, 1), chunk, compute);
             return;
         }
         // Computed row-major by output row ([r][t]), so tasks own disjoint slices; then
@@ -75,16 +71,22 @@ impl Matmul<'_> {
                 s.resize(w.rows * tokens, 0.0);
             }
         }
-        let mut which = 0;
-        let values = scratch.each_mut().map(|s| {
-            which += 1;
-            &mut s[..ws[which - 1].rows * tokens]
-        });
+        let values = leading(scratch.each_mut().map(|s| &mut s[..]), ws, tokens);
         self.team.for_each_chunks(values, chunk, compute);
         for ((w, out), s) in ws.iter().zip(outs).zip(&scratch) {
             transpose(self.team, &s[..w.rows * tokens], w.rows, tokens, out);
         }
     }
+}
+
+/// The first `rows * tokens` values of each slice, matrix by matrix.
+fn leading<'a, const N: usize>(
+    slices: [&'a mut [f32]; N],
+    ws: [&Matrix; N],
+    tokens: usize,
+) -> [&'a mut [f32]; N] {
+    let mut rows = ws.map(|w| w.rows).into_iter();
+    slices.map(|s| &mut s[..rows.next().unwrap_or_default() * tokens])
 }
 
 /// Rows `first..` of `w` (as many as `dst` holds, `tokens` values each) against every token.

@@ -117,6 +117,23 @@ pub(super) unsafe fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// Bytes per block, and whether blocks carry Q4_1's offset, of the kinds with tiled kernels
+/// (Q4_1 and Q8_0).
+pub(super) fn tiled_layout(kind: WeightType) -> Option<(usize, bool)> {
+    match kind {
+        WeightType::Q4_1 => Some((20, true)),
+        WeightType::Q8_0 => Some((34, false)),
+        _ => None,
+    }
+}
+
+/// Whether every row's bytes and scales (and offsets, for Q4_1) cover `blocks` blocks.
+pub(super) fn rows_cover(rows: &[QuantRow<'_>], blocks: usize, size: usize, q4: bool) -> bool {
+    rows.iter().all(|w| {
+        w.blocks.len() >= blocks * size && w.d.len() >= blocks && (!q4 || w.m.len() >= blocks)
+    })
+}
+
 /// `R` weight rows against `T` activation rows at once (Q4_1 or Q8_0; `false` for other
 /// kinds): each weight block is unpacked once for all `T` tokens, and the `R * T` independent
 /// accumulator chains keep the FMA units busy. Every (row, token) pair goes through exactly
@@ -130,15 +147,14 @@ pub fn tile<const R: usize, const T: usize>(
     out: &mut [[f32; T]; R],
     vnni: bool,
 ) -> bool {
-    let (size, q4) = match kind {
-        WeightType::Q4_1 => (20, true),
-        WeightType::Q8_0 => (34, false),
-        _ => return false,
+    let Some((size, q4)) = tiled_layout(kind) else {
+        return false;
     };
     let blocks = rows[0].blocks.len() / size;
-    let fit = rows
-        .iter()
-        .all(|w| w.blocks.len() >= blocks * size && acts.iter().all(|a| fits(w, a, blocks, q4)));
+    let fit = rows_cover(rows, blocks, size, q4)
+        && rows
+            .iter()
+            .all(|w| acts.iter().all(|a| fits(w, a, blocks, q4)));
     if !fit {
         return false;
     }

@@ -8,7 +8,7 @@
 
 use super::super::acts::{Group8, GROUP};
 use super::super::quant::{WeightType, QK};
-use super::avx2::hsum;
+use super::avx2::{hsum, rows_cover, tiled_layout};
 use super::QuantRow;
 use std::arch::x86_64::*;
 
@@ -23,18 +23,14 @@ pub fn tile8<const R: usize>(
     group: &Group8,
     out: &mut [[f32; GROUP]; R],
 ) -> bool {
-    let (size, q4) = match kind {
-        WeightType::Q4_1 => (20, true),
-        WeightType::Q8_0 => (34, false),
-        _ => return false,
+    let Some((size, q4)) = tiled_layout(kind) else {
+        return false;
     };
     let blocks = rows[0].blocks.len() / size;
     let fit = group.blocks() >= blocks
         && group.q.len() >= blocks * GROUP * QK
         && group.d.len() >= blocks * GROUP * 8
-        && rows.iter().all(|w| {
-            w.blocks.len() >= blocks * size && w.d.len() >= blocks && (!q4 || w.m.len() >= blocks)
-        });
+        && rows_cover(rows, blocks, size, q4);
     if !fit {
         return false;
     }
