@@ -44,6 +44,18 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// `n` consecutive free ports (for commands that number their ports from a first one); tries
+/// again where a neighbour is taken.
+pub fn free_ports(n: u16) -> u16 {
+    (0..100)
+        .map(|_| free_port())
+        .find(|&first| {
+            first.checked_add(n).is_some()
+                && (1..n).all(|i| TcpListener::bind(("127.0.0.1", first + i)).is_ok())
+        })
+        .expect("no run of free ports found in 100 tries")
+}
+
 /// The `kvgate` binary, run from the repository root (where the default model and the
 /// profiles are).
 pub fn kvgate() -> Command {
