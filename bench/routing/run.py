@@ -15,10 +15,13 @@ plots) and prints one markdown table per workload, with the run's labels.
 
 Usage: bench/routing/run.py [--workloads shared-prefix,shared-prefix-small-kv,multi-turn,mooncake]
                             [--configs NAME,...] [--workers 4] [--time-scale 4] [--rounds 3]
+                            [--loads R1,R2,...]
 Config names beyond the fixed ones: `kvgate+FIELD=VALUE[+...]` is the default preset with
 `policy:` fields set (e.g. `kvgate+load_factor=1.5`).
 Each configuration runs `--rounds` times (rounds interleaved across configurations); the tables
 give each metric's median over the rounds, and the TTFT P90 of every round.
+`--loads` sweeps the offered load instead of the fixed one: Poisson rates (req/s) for the
+synthetic workloads, replay speed-ups for the trace; one table of TTFT P90 (P50) per load.
 Peers: bench/peers/install (SGLang and vLLM routers in a venv outside the repository).
 """
 import argparse, json, os, platform, re, signal, socket, subprocess, sys, tempfile, time, urllib.request
@@ -193,22 +196,34 @@ def start_router(procs, config, workers, logs, token_file):
     return f"http://127.0.0.1:{port}", started
 
 
-def run_one(procs, workload, config, workers, out_root, logs, token_file, time_scale):
+def at_load(args, load):
+    """A workload's bench arguments at another offered load: a Poisson rate (req/s) in place of
+    the fixed concurrency, or for the trace a replay speed-up in place of its own."""
+    if load is None:
+        return args
+    flag = "--concurrency" if "--concurrency" in args else "--time-scale"
+    value = str(load)
+    i = args.index(flag)
+    return args[:i] + (["--rate", value] if flag == "--concurrency" else [flag, value]) + args[i + 2:]
+
+
+def run_one(procs, workload, config, workers, out_root, logs, token_file, time_scale, load=None):
     for w in workers:
         post(f"{w}/reset_prefix_cache")
     url, started = start_router(procs, config, workers, logs, token_file)
     before = [worker_requests(w) for w in workers]
-    out = os.path.join(out_root, workload, config)
+    cell = workload if load is None else f"{workload}@{load}"
+    out = os.path.join(out_root, cell, config)
     # vLLM's consistent_hash keys on X-User-ID (among other headers): each request's prefix
     # group goes there; kvgate and SGLang's router ignore that header.
     cmd = [KVGATE, "bench", "--url", url, "--model", MODEL, "--out", out, "--quiet",
            "--group-header", "x-user-id",
            "--label", f"config={config}", "--label", f"sim_time_scale={time_scale}",
-           *WORKLOADS[workload]]
+           *at_load(WORKLOADS[workload], load)]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if res.returncode != 0:
         print(res.stdout, res.stderr, file=sys.stderr)
-        raise SystemExit(f"bench failed for {workload}/{config}")
+        raise SystemExit(f"bench failed for {cell}/{config}")
     wait_idle(workers)
     per_worker = [worker_requests(w) - b for w, b in zip(workers, before)]
     for p in started:
@@ -255,6 +270,28 @@ def table(workload, results):
     return "\n".join(lines)
 
 
+def sweep_table(workload, loads, results):
+    """Offered load against TTFT: one row per configuration, one column per load (`results`:
+    (config, load) -> list of summaries), each cell the median P90 (and P50) over the rounds."""
+    unit = "x recorded rate" if workload == "mooncake" else "req/s, Poisson"
+    lines = [f"#### {workload}: TTFT P90 (P50) in ms by offered load ({unit})", "",
+             "| config | " + " | ".join(str(l) for l in loads) + " |",
+             "|---|" + "---:|" * len(loads)]
+    configs = dict.fromkeys(c for c, _ in results)
+    for config in configs:
+        cells = []
+        for load in loads:
+            rounds = results[(config, load)]
+            p = lambda q: median([s["ttft_s"][q] for s in rounds]) * 1000
+            cells.append(f"{p('p90'):.0f} ({p('p50'):.0f})")
+        lines.append(f"| {config} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(f"Medians over {len(next(iter(results.values())))} round(s); simulated H200 "
+                 "time x the time scale. Each cell's full results are in "
+                 f"bench/routing/results/{workload}@LOAD/.")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
@@ -263,6 +300,9 @@ def main():
     ap.add_argument("--time-scale", type=float, default=4.0)
     ap.add_argument("--rounds", type=int, default=3,
                     help="runs per configuration (single runs vary a lot on a 2-core machine)")
+    ap.add_argument("--loads", default=None,
+                    help="sweep offered load instead: comma-separated Poisson rates in req/s "
+                         "(replay speed-ups for mooncake), one sweep table per workload")
     ap.add_argument("--num-blocks", type=int, default=1536,
                     help="KV blocks (16 tokens) per worker for workloads without their own in KV_BLOCKS")
     args = ap.parse_args()
@@ -282,17 +322,23 @@ def main():
         for workload in args.workloads.split(","):
             blocks = KV_BLOCKS.get(workload, args.num_blocks)
             workers = start_workers(procs, args.workers, args.time_scale, blocks)
-            results = {c: [] for c in args.configs.split(",")}
+            loads = [float(l) for l in args.loads.split(",")] if args.loads else [None]
+            results = {(c, l): [] for l in loads for c in args.configs.split(",")}
             for r in range(args.rounds):
-                for config in results:
+                for (config, load), rounds in results.items():
                     t0 = time.time()
-                    s = run_one(procs, workload, config, workers, out_root, logs, token_file, args.time_scale)
-                    print(f"  {workload}/{config} round {r + 1}: {time.time() - t0:.0f} s, "
+                    s = run_one(procs, workload, config, workers, out_root, logs, token_file,
+                                args.time_scale, load)
+                    at = "" if load is None else f"@{load}"
+                    print(f"  {workload}{at}/{config} round {r + 1}: {time.time() - t0:.0f} s, "
                           f"TTFT p90 {s['ttft_s']['p90'] * 1000:.0f} ms", file=sys.stderr)
-                    results[config].append(s)
+                    rounds.append(s)
             procs.stop_all()
             print(f"{blocks} KV blocks of 16 tokens per worker.\n")
-            print(table(workload, results))
+            if args.loads:
+                print(sweep_table(workload, loads, results))
+            else:
+                print(table(workload, {c: rounds for (c, _), rounds in results.items()}))
             print()
     finally:
         procs.stop_all()
