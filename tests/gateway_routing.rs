@@ -136,9 +136,10 @@ async fn a_shared_prefix_sticks_to_one_replica_until_it_is_saturated() {
         "the owner takes what its bound allows: {landed:?}"
     );
     assert!(on_owner < 9, "a saturated owner must spill: {landed:?}");
-    // bound for the 9th decision: ceil(1.25 * 9 / 3) = 4
+    // The owner holds the shared prefix and no other replica does: its cap for the 9th
+    // decision is at most ceil((1.25 + 0.5) * 9 / 3) = 6 (load factor plus cached-load bonus).
     assert!(
-        on_owner <= 4,
+        on_owner <= 6,
         "the owner exceeded the load bound: {landed:?}"
     );
 

@@ -12,6 +12,11 @@ pub struct PolicyConfig {
     /// `ceil(c * (in_flight + 1) / healthy)` requests while another is below that bound.
     /// Must be at least 1.0.
     pub load_factor: f64,
+    /// Loosens the bound where staying saves prefill: a replica holding a fraction `f` more of
+    /// the prompt than the fleet's least-holding replica may carry
+    /// `ceil((load_factor + cached_load_bonus * f) * (in_flight + 1) / healthy)`. Cold
+    /// placement keeps the tight bound. 0 turns it off.
+    pub cached_load_bonus: f64,
     /// Virtual nodes per replica on the consistent-hash ring.
     pub ring_vnodes: u32,
     /// The cold-prefix key hashes this many leading text chunks, or token blocks in token mode
@@ -40,6 +45,7 @@ impl Default for PolicyConfig {
         PolicyConfig {
             weights: Weights::default(),
             load_factor: 1.25,
+            cached_load_bonus: 0.5,
             ring_vnodes: 40,
             ring_key_chunks: 4,
             chunk_bytes: 256,
@@ -133,6 +139,14 @@ impl PolicyConfig {
             self.load_factor.is_finite() && self.load_factor >= 1.0,
             "load_factor",
             format!("must be a number >= 1.0, got {}", self.load_factor),
+        );
+        check(
+            (0.0..=16.0).contains(&self.cached_load_bonus),
+            "cached_load_bonus",
+            format!(
+                "must be a number between 0 and 16, got {}",
+                self.cached_load_bonus
+            ),
         );
         check(
             (1..=1024).contains(&self.ring_vnodes),

@@ -31,8 +31,12 @@ pub struct Candidate {
     /// (`u64::MAX` off the ring): the tie-breaker, so that every gateway replica breaks ties
     /// alike.
     pub ring_distance: u64,
-    /// At or over the load bound (or its own cap): prefix stickiness is suspended.
+    /// At or over its load cap (or its own `max_in_flight`, KV or queue limit): prefix and
+    /// session stickiness are suspended.
     pub saturated: bool,
+    /// Its bounded-load cap for this request: the decision's `load_bound`, raised by
+    /// `cached_load_bonus` where it holds more of the prompt than the others.
+    pub load_cap: u32,
     /// The leading prompt blocks (or text chunks) it holds, as the prefix index knows them;
     /// counted even when saturated.
     pub prefix_blocks: f64,
@@ -43,7 +47,8 @@ pub struct Candidate {
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Decision {
     pub ranked: Vec<Candidate>,
-    /// The bounded-load cap in force for this decision.
+    /// The bounded-load cap in force for this decision (for cold placement; see
+    /// [`Candidate::load_cap`]).
     pub load_bound: u32,
 }
 
@@ -188,24 +193,54 @@ impl Policy {
         if count == 0 {
             return Decision::default();
         }
-        let bound = ((self.config.load_factor * (total_load + 1) as f64) / count as f64).ceil();
-        let load_bound = (bound as u32).max(1);
-        let (kv_limit, queue_limit) = (self.config.kv_saturation, self.config.queue_saturation);
-        let saturated = |r: &ReplicaView| {
-            r.in_flight >= load_bound
-                || r.max_in_flight.is_some_and(|c| r.in_flight >= c)
-                || r.kv_usage.is_some_and(|u| u >= kv_limit)
-                || r.waiting >= queue_limit
-        };
-
-        // Ring order of the candidates, and the bounded-load owner: the first healthy,
-        // unsaturated replica clockwise from the key.
+        // Prefix overlap by slot, in blocks (token mode) or chunks (text mode).
         let slot_count = fleet
             .replicas
             .iter()
             .map(|r| r.id.0 as usize + 1)
             .max()
             .unwrap_or_default();
+        let mut matched = vec![0.0; slot_count];
+        let blocks = if features.block_hashes.is_empty() {
+            for (id, run) in self.prefix.overlaps(&features.prefix_chunks) {
+                if let Some(m) = matched.get_mut(id.0 as usize) {
+                    *m = run as f64;
+                }
+            }
+            features.prefix_chunks.len()
+        } else {
+            let hashes = &features.block_hashes;
+            self.precise.overlaps(hashes, features.now_ms, &mut matched);
+            hashes.len()
+        };
+
+        // The bounded-load cap: `load_factor` times the mean in flight (counting this request),
+        // raised by `cached_load_bonus` for what a replica holds beyond the least-holding one.
+        let c = &self.config;
+        let cap_for = |factor: f64| {
+            (((factor * (total_load + 1) as f64) / count as f64).ceil() as u32).max(1)
+        };
+        let load_bound = cap_for(c.load_factor);
+        let least_held = healthy
+            .map(|r| matched[r.id.0 as usize])
+            .fold(f64::INFINITY, f64::min);
+        let cap = |r: &ReplicaView| {
+            let extra = (matched[r.id.0 as usize] - least_held) / blocks.max(1) as f64;
+            if c.cached_load_bonus > 0.0 && extra > 0.0 {
+                cap_for(c.load_factor + c.cached_load_bonus * extra)
+            } else {
+                load_bound
+            }
+        };
+        let saturated = |r: &ReplicaView| {
+            r.in_flight >= cap(r)
+                || r.max_in_flight.is_some_and(|m| r.in_flight >= m)
+                || r.kv_usage.is_some_and(|u| u >= c.kv_saturation)
+                || r.waiting >= c.queue_saturation
+        };
+
+        // Ring order of the candidates, and the bounded-load owner: the first healthy,
+        // unsaturated replica clockwise from the key.
         let distance: Vec<u64> = fleet
             .replicas
             .iter()
@@ -223,25 +258,10 @@ impl Policy {
             .min_by_key(|(r, &d)| (d, r.id))
             .map(|(r, _)| r.id);
 
-        // Prefix overlap by slot, in blocks (token mode) or chunks (text mode).
-        let mut matched = vec![0.0; slot_count];
-        let blocks = if features.block_hashes.is_empty() {
-            for (id, run) in self.prefix.overlaps(&features.prefix_chunks) {
-                if let Some(m) = matched.get_mut(id.0 as usize) {
-                    *m = run as f64;
-                }
-            }
-            features.prefix_chunks.len()
-        } else {
-            let hashes = &features.block_hashes;
-            self.precise.overlaps(hashes, features.now_ms, &mut matched);
-            hashes.len()
-        };
-        let w = features.weights.as_ref().unwrap_or(&self.config.weights);
-        let bound = features.session.and_then(|s| {
-            self.sessions
-                .get(s, features.now_ms, self.config.session_ttl_ms)
-        });
+        let w = features.weights.as_ref().unwrap_or(&c.weights);
+        let bound = features
+            .session
+            .and_then(|s| self.sessions.get(s, features.now_ms, c.session_ttl_ms));
         let mut ranked: Vec<Candidate> = fleet
             .replicas
             .iter()
@@ -281,6 +301,7 @@ impl Policy {
                     signals,
                     ring_distance: distance[i],
                     saturated: is_saturated,
+                    load_cap: cap(r),
                     prefix_blocks: matched[r.id.0 as usize],
                     in_flight: r.in_flight,
                 }
@@ -311,7 +332,11 @@ mod tests {
     use proptest::prelude::*;
 
     fn policy(n: u32) -> Policy {
-        let mut p = Policy::new(PolicyConfig::default());
+        policy_with(n, PolicyConfig::default())
+    }
+
+    fn policy_with(n: u32, config: PolicyConfig) -> Policy {
+        let mut p = Policy::new(config);
         let names: Vec<String> = (0..n).map(|i| format!("http://replica-{i}")).collect();
         let members: Vec<(ReplicaId, &str)> = names
             .iter()
@@ -414,6 +439,58 @@ mod tests {
     }
 
     #[test]
+    fn cached_load_bonus_keeps_a_prompt_home_past_the_cold_bound() {
+        let config = PolicyConfig {
+            cached_load_bonus: 0.5,
+            ..Default::default()
+        };
+        let mut p = policy_with(3, config);
+        let f = features(7, &[1, 2]);
+        let home = p
+            .select(
+                &f,
+                FleetView {
+                    replicas: &view(&[0, 0, 0]),
+                },
+            )
+            .ranked[0]
+            .replica;
+        p.record(home, &f);
+        let loads_with_home_at = |load: u32| {
+            let mut loads = [3u32; 3];
+            loads[home.0 as usize] = load;
+            view(&loads)
+        };
+        // 7 in flight: over the cold bound ceil(1.25 * 14 / 3) = 6, under the home's cap
+        // ceil((1.25 + 0.5) * 14 / 3) = 9.
+        let d = p.select(
+            &f,
+            FleetView {
+                replicas: &loads_with_home_at(7),
+            },
+        );
+        assert_eq!(d.load_bound, 6);
+        assert_eq!((d.ranked[0].replica, d.ranked[0].load_cap), (home, 9));
+        assert!(d.ranked[1..].iter().all(|c| c.load_cap == 6));
+        // 10 in flight reaches its cap, ceil(1.75 * 17 / 3) = 10: the prompt spills.
+        let d = p.select(
+            &f,
+            FleetView {
+                replicas: &loads_with_home_at(10),
+            },
+        );
+        assert_ne!(d.ranked[0].replica, home);
+        // A prompt nobody holds is placed under the cold bound everywhere.
+        let cold = p.select(
+            &features(8, &[5, 6]),
+            FleetView {
+                replicas: &loads_with_home_at(7),
+            },
+        );
+        assert!(cold.ranked.iter().all(|c| c.load_cap == 6));
+    }
+
+    #[test]
     fn unhealthy_replicas_are_filtered_and_an_empty_fleet_ranks_nothing() {
         let p = policy(2);
         let mut fleet = view(&[0, 0]);
@@ -432,18 +509,31 @@ mod tests {
 
     proptest! {
         /// Bounded load: routing each new request to the top candidate and counting it
-        /// in flight never pushes a replica past ceil(c * total / n).
+        /// in flight never pushes a replica past ceil(c * total / n) for cold prefixes, nor
+        /// past ceil((c + bonus) * total / n) where it holds the prompt.
         #[test]
-        fn bounded_load_holds_for_cold_prefixes(keys in prop::collection::vec(any::<u64>(), 1..200), n in 1u32..9) {
-            let p = policy(n);
+        fn bounded_load_holds(
+            requests in prop::collection::vec((any::<u64>(), 0u64..6), 1..200),
+            n in 1u32..9,
+            bonus in prop::sample::select(vec![0.0, 0.5, 1.0]),
+        ) {
+            let mut p = policy_with(n, PolicyConfig { cached_load_bonus: bonus, ..Default::default() });
+            let c = p.config().load_factor;
             let mut loads = vec![0u32; n as usize];
-            for (k, key) in keys.iter().enumerate() {
+            for (k, &(key, group)) in requests.iter().enumerate() {
+                // Group 0 is a cold, unshared prompt; the others recur.
+                let chunks: Vec<u64> = if group == 0 { vec![] } else { vec![group, group + 100] };
+                let f = features(key, &chunks);
                 let fleet = view(&loads);
-                let d = p.select(&features(*key, &[]), FleetView { replicas: &fleet });
-                let pick = d.ranked[0].replica.0 as usize;
-                loads[pick] += 1;
-                let cap = (1.25 * (k + 1) as f64 / f64::from(n)).ceil() as u32;
-                prop_assert!(loads[pick] <= cap.max(1), "load {} over cap {}", loads[pick], cap);
+                let d = p.select(&f, FleetView { replicas: &fleet });
+                let pick = d.ranked[0];
+                p.record_choice(&pick, &f);
+                let i = pick.replica.0 as usize;
+                loads[i] += 1;
+                let factor = if pick.prefix_blocks > 0.0 { c + bonus } else { c };
+                let cap = ((factor * (k + 1) as f64 / f64::from(n)).ceil() as u32).max(1);
+                prop_assert!(loads[i] <= cap, "load {} over cap {}", loads[i], cap);
+                prop_assert!(pick.load_cap <= cap);
             }
         }
 

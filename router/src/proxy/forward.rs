@@ -84,10 +84,7 @@ impl Forward<'_> {
             };
             replica.set_last_decision(*candidate);
             let more = i + 1 < attempts.min(route.ranked.len());
-            match self
-                .attempt(client, replica, candidate, route.load_bound, more)
-                .await
-            {
+            match self.attempt(client, replica, candidate, more).await {
                 Attempt::Done(outcome, status) => {
                     drop(in_flight);
                     self.count(route_label, status, &replica.name);
@@ -145,7 +142,6 @@ impl Forward<'_> {
         client: &mut ServerSession,
         replica: &Replica,
         candidate: &Candidate,
-        load_bound: u32,
         more_replicas: bool,
     ) -> Attempt {
         let timeouts = &self.snapshot.config.timeouts;
@@ -186,7 +182,7 @@ impl Forward<'_> {
         } else {
             replica.record_success();
         }
-        let response = self.client_header(header, client, replica, candidate, load_bound);
+        let response = self.client_header(header, client, replica, candidate);
         if client
             .write_response_header(Box::new(response))
             .await
@@ -355,7 +351,6 @@ impl Forward<'_> {
         client: &ServerSession,
         replica: &Replica,
         candidate: &Candidate,
-        load_bound: u32,
     ) -> ResponseHeader {
         for name in HOP_BY_HOP {
             header.remove_header(*name);
@@ -370,8 +365,8 @@ impl Forward<'_> {
             extra.push((
                 "x-kvgate-route",
                 format!(
-                    "total={:.3};prefix={:.3};ring={:.3};load={:.3};ring_distance={};in_flight={};load_bound={}",
-                    candidate.total, s.prefix, s.ring, s.load, candidate.ring_distance, candidate.in_flight, load_bound
+                    "total={:.3};prefix={:.3};ring={:.3};load={:.3};ring_distance={};in_flight={};load_cap={}",
+                    candidate.total, s.prefix, s.ring, s.load, candidate.ring_distance, candidate.in_flight, candidate.load_cap
                 ),
             ));
         }
