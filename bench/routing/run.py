@@ -146,7 +146,9 @@ def gateway_yaml(port, admin, workers, config, token_file):
         "consistent-hash": "{prefix: 0, ring: 1, load: 0, fresh: 0, session: 0, kv: 0, adapter: 0}",
     }.get(config)
     if weights:
-        y += ["policy:", f"  weights: {weights}"]
+        # The textbook baselines: the plain 1.25 load bound, no allowance for held prefixes,
+        # no imbalance guard.
+        y += ["policy:", f"  weights: {weights}", "  cached_load_bonus: 0", "  imbalance_factor: 0"]
     if config == "kvgate-cache-first":
         y += ["policy: {preset: cache-first}"]
     # `kvgate+load_factor=1.5+kv_saturation=0.95`: the default preset with policy fields set.

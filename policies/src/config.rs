@@ -17,6 +17,10 @@ pub struct PolicyConfig {
     /// `ceil((load_factor + cached_load_bonus * f) * (in_flight + 1) / healthy)`. Cold
     /// placement keeps the tight bound. 0 turns it off.
     pub cached_load_bonus: f64,
+    /// ... and no cap exceeds `imbalance_factor * (in_flight + 1)` of the least-loaded healthy
+    /// replica: without it, replicas holding a prefix every prompt shares could take all the
+    /// traffic while one that does not hold it idles. 0 turns it off; else at least 1.
+    pub imbalance_factor: f64,
     /// Virtual nodes per replica on the consistent-hash ring.
     pub ring_vnodes: u32,
     /// The cold-prefix key hashes this many leading text chunks, or token blocks in token mode
@@ -46,6 +50,7 @@ impl Default for PolicyConfig {
             weights: Weights::default(),
             load_factor: 1.25,
             cached_load_bonus: 0.5,
+            imbalance_factor: 3.0,
             ring_vnodes: 40,
             ring_key_chunks: 4,
             chunk_bytes: 256,
@@ -146,6 +151,14 @@ impl PolicyConfig {
             format!(
                 "must be a number between 0 and 16, got {}",
                 self.cached_load_bonus
+            ),
+        );
+        check(
+            self.imbalance_factor == 0.0 || (1.0..=1000.0).contains(&self.imbalance_factor),
+            "imbalance_factor",
+            format!(
+                "must be 0 (off) or between 1 and 1000, got {}",
+                self.imbalance_factor
             ),
         );
         check(

@@ -183,12 +183,13 @@ impl Policy {
         top: usize,
     ) -> Decision {
         let healthy = fleet.replicas.iter().filter(|r| r.healthy);
-        let (count, total_load, max_load) =
+        let (count, total_load, max_load, least_load) =
             healthy
                 .clone()
-                .fold((0u64, 0u64, 0u32), |(n, sum, max), r| {
+                .fold((0u64, 0u64, 0u32, u32::MAX), |(n, sum, max, least), r| {
                     let load = r.in_flight.saturating_add(r.waiting);
-                    (n + 1, sum + u64::from(r.in_flight), max.max(load))
+                    let sum = sum + u64::from(r.in_flight);
+                    (n + 1, sum, max.max(load), least.min(r.in_flight))
                 });
         if count == 0 {
             return Decision::default();
@@ -224,13 +225,22 @@ impl Policy {
         let least_held = healthy
             .map(|r| matched[r.id.0 as usize])
             .fold(f64::INFINITY, f64::min);
+        // ... and never above `imbalance_factor` times the idlest replica's load (plus one): a
+        // replica that holds none of a widely shared prefix must not starve.
+        let imbalance_cap = if c.imbalance_factor > 0.0 {
+            let cap = (c.imbalance_factor * f64::from(least_load.saturating_add(1))).ceil();
+            (cap as u32).max(1)
+        } else {
+            u32::MAX
+        };
         let cap = |r: &ReplicaView| {
             let extra = (matched[r.id.0 as usize] - least_held) / blocks.max(1) as f64;
-            if c.cached_load_bonus > 0.0 && extra > 0.0 {
+            let bounded = if c.cached_load_bonus > 0.0 && extra > 0.0 {
                 cap_for(c.load_factor + c.cached_load_bonus * extra)
             } else {
                 load_bound
-            }
+            };
+            bounded.min(imbalance_cap)
         };
         let saturated = |r: &ReplicaView| {
             r.in_flight >= cap(r)
@@ -259,7 +269,7 @@ impl Policy {
             .map(|(r, _)| r.id);
 
         let w = features.weights.as_ref().unwrap_or(&c.weights);
-        let bound = features
+        let session_home = features
             .session
             .and_then(|s| self.sessions.get(s, features.now_ms, c.session_ttl_ms));
         let mut ranked: Vec<Candidate> = fleet
@@ -281,7 +291,7 @@ impl Policy {
                             / (f64::from(max_load) + 1.0),
                     fresh: if r.stale { 0.0 } else { 1.0 },
                     // Stickiness yields only to saturation.
-                    session: if bound == Some(r.id) && !is_saturated {
+                    session: if session_home == Some(r.id) && !is_saturated {
                         1.0
                     } else {
                         0.0
@@ -442,6 +452,7 @@ mod tests {
     fn cached_load_bonus_keeps_a_prompt_home_past_the_cold_bound() {
         let config = PolicyConfig {
             cached_load_bonus: 0.5,
+            imbalance_factor: 0.0,
             ..Default::default()
         };
         let mut p = policy_with(3, config);
@@ -491,6 +502,30 @@ mod tests {
     }
 
     #[test]
+    fn a_replica_without_the_shared_prefix_does_not_starve() {
+        let config = |imbalance_factor| PolicyConfig {
+            imbalance_factor,
+            ..Default::default()
+        };
+        let shared = features(3, &[1, 2, 3]);
+        let busy = view(&[0, 5, 6, 5]);
+        for (factor, expected) in [(2.0, Some(0)), (0.0, None)] {
+            let mut p = policy_with(4, config(factor));
+            for holder in 1..4 {
+                p.record(ReplicaId(holder), &shared);
+            }
+            let d = p.select(&shared, FleetView { replicas: &busy });
+            let pick = d.ranked[0].replica.0;
+            match expected {
+                // 5 and 6 in flight against an idle replica: over 2 x (0 + 1).
+                Some(idle) => assert_eq!(pick, idle),
+                // Without the guard the holders keep it (under ceil(1.75 * 17 / 4) = 8).
+                None => assert_ne!(pick, 0),
+            }
+        }
+    }
+
+    #[test]
     fn unhealthy_replicas_are_filtered_and_an_empty_fleet_ranks_nothing() {
         let p = policy(2);
         let mut fleet = view(&[0, 0]);
@@ -516,8 +551,10 @@ mod tests {
             requests in prop::collection::vec((any::<u64>(), 0u64..6), 1..200),
             n in 1u32..9,
             bonus in prop::sample::select(vec![0.0, 0.5, 1.0]),
+            imbalance in prop::sample::select(vec![0.0, 2.0]),
         ) {
-            let mut p = policy_with(n, PolicyConfig { cached_load_bonus: bonus, ..Default::default() });
+            let config = PolicyConfig { cached_load_bonus: bonus, imbalance_factor: imbalance, ..Default::default() };
+            let mut p = policy_with(n, config);
             let c = p.config().load_factor;
             let mut loads = vec![0u32; n as usize];
             for (k, &(key, group)) in requests.iter().enumerate() {
@@ -525,6 +562,7 @@ mod tests {
                 let chunks: Vec<u64> = if group == 0 { vec![] } else { vec![group, group + 100] };
                 let f = features(key, &chunks);
                 let fleet = view(&loads);
+                let least = *loads.iter().min().unwrap();
                 let d = p.select(&f, FleetView { replicas: &fleet });
                 let pick = d.ranked[0];
                 p.record_choice(&pick, &f);
@@ -534,6 +572,10 @@ mod tests {
                 let cap = ((factor * (k + 1) as f64 / f64::from(n)).ceil() as u32).max(1);
                 prop_assert!(loads[i] <= cap, "load {} over cap {}", loads[i], cap);
                 prop_assert!(pick.load_cap <= cap);
+                if imbalance > 0.0 {
+                    let guard = (imbalance * f64::from(least + 1)).ceil() as u32;
+                    prop_assert!(loads[i] <= guard, "load {} over {}x the idlest", loads[i], imbalance);
+                }
             }
         }
 
