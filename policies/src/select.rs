@@ -47,8 +47,8 @@ pub struct Candidate {
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Decision {
     pub ranked: Vec<Candidate>,
-    /// The bounded-load cap in force for this decision (for cold placement; see
-    /// [`Candidate::load_cap`]).
+    /// The bounded-load cap for cold placement in this decision (a replica holding more of the
+    /// prompt may have a higher one: [`Candidate::load_cap`]).
     pub load_bound: u32,
 }
 
@@ -174,6 +174,34 @@ impl Policy {
         self.select_top(features, fleet, usize::MAX)
     }
 
+    /// The prompt's leading blocks (token mode) or chunks (text mode) each replica holds, by
+    /// slot, and the prompt's length in the same unit.
+    fn prefix_overlap(
+        &self,
+        features: &RequestFeatures,
+        fleet: FleetView<'_>,
+    ) -> (Vec<f64>, usize) {
+        let slots = fleet
+            .replicas
+            .iter()
+            .map(|r| r.id.0 as usize + 1)
+            .max()
+            .unwrap_or_default();
+        let mut matched = vec![0.0; slots];
+        if features.block_hashes.is_empty() {
+            for (id, run) in self.prefix.overlaps(&features.prefix_chunks) {
+                if let Some(m) = matched.get_mut(id.0 as usize) {
+                    *m = run as f64;
+                }
+            }
+            (matched, features.prefix_chunks.len())
+        } else {
+            let hashes = &features.block_hashes;
+            self.precise.overlaps(hashes, features.now_ms, &mut matched);
+            (matched, hashes.len())
+        }
+    }
+
     /// The best `top` healthy replicas of `fleet` for a request, best first (the same as the
     /// head of [`Policy::select`]'s ranking, for less work in large fleets).
     pub fn select_top(
@@ -194,26 +222,7 @@ impl Policy {
         if count == 0 {
             return Decision::default();
         }
-        // Prefix overlap by slot, in blocks (token mode) or chunks (text mode).
-        let slot_count = fleet
-            .replicas
-            .iter()
-            .map(|r| r.id.0 as usize + 1)
-            .max()
-            .unwrap_or_default();
-        let mut matched = vec![0.0; slot_count];
-        let blocks = if features.block_hashes.is_empty() {
-            for (id, run) in self.prefix.overlaps(&features.prefix_chunks) {
-                if let Some(m) = matched.get_mut(id.0 as usize) {
-                    *m = run as f64;
-                }
-            }
-            features.prefix_chunks.len()
-        } else {
-            let hashes = &features.block_hashes;
-            self.precise.overlaps(hashes, features.now_ms, &mut matched);
-            hashes.len()
-        };
+        let (matched, blocks) = self.prefix_overlap(features, fleet);
 
         // The bounded-load cap: `load_factor` times the mean in flight (counting this request),
         // raised by `cached_load_bonus` for what a replica holds beyond the least-holding one.
@@ -221,10 +230,6 @@ impl Policy {
         let cap_for = |factor: f64| {
             (((factor * (total_load + 1) as f64) / count as f64).ceil() as u32).max(1)
         };
-        let load_bound = cap_for(c.load_factor);
-        let least_held = healthy
-            .map(|r| matched[r.id.0 as usize])
-            .fold(f64::INFINITY, f64::min);
         // ... and never above `imbalance_factor` times the idlest replica's load (plus one): a
         // replica that holds none of a widely shared prefix must not starve.
         let imbalance_cap = if c.imbalance_factor > 0.0 {
@@ -233,14 +238,17 @@ impl Policy {
         } else {
             u32::MAX
         };
+        let load_bound = cap_for(c.load_factor).min(imbalance_cap);
+        let least_held = healthy
+            .map(|r| matched[r.id.0 as usize])
+            .fold(f64::INFINITY, f64::min);
         let cap = |r: &ReplicaView| {
             let extra = (matched[r.id.0 as usize] - least_held) / blocks.max(1) as f64;
-            let bounded = if c.cached_load_bonus > 0.0 && extra > 0.0 {
-                cap_for(c.load_factor + c.cached_load_bonus * extra)
+            if c.cached_load_bonus > 0.0 && extra > 0.0 {
+                cap_for(c.load_factor + c.cached_load_bonus * extra).min(imbalance_cap)
             } else {
                 load_bound
-            };
-            bounded.min(imbalance_cap)
+            }
         };
         let saturated = |r: &ReplicaView| {
             r.in_flight >= cap(r)
