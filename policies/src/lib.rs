@@ -5,6 +5,7 @@
 pub mod config;
 mod fleet;
 mod holders;
+mod load_cap;
 mod lru;
 mod precise_index;
 mod prefix_index;

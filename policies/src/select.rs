@@ -1,5 +1,6 @@
 //! Selection: filter, score, rank.
 
+use crate::load_cap::LoadCaps;
 use crate::sessions::SessionTable;
 use crate::{
     Applied, ApproxPrefixIndex, FleetView, HashRing, PolicyConfig, PreciseIndex, ReplicaId,
@@ -211,47 +212,18 @@ impl Policy {
         top: usize,
     ) -> Decision {
         let healthy = fleet.replicas.iter().filter(|r| r.healthy);
-        let (count, total_load, max_load, least_load) =
-            healthy
-                .clone()
-                .fold((0u64, 0u64, 0u32, u32::MAX), |(n, sum, max, least), r| {
-                    let load = r.in_flight.saturating_add(r.waiting);
-                    let sum = sum + u64::from(r.in_flight);
-                    (n + 1, sum, max.max(load), least.min(r.in_flight))
-                });
+        let (count, max_load) = healthy.clone().fold((0u32, 0u32), |(n, max), r| {
+            (n + 1, max.max(r.in_flight.saturating_add(r.waiting)))
+        });
         if count == 0 {
             return Decision::default();
         }
         let (matched, blocks) = self.prefix_overlap(features, fleet);
-
-        // The bounded-load cap: `load_factor` times the mean in flight (counting this request),
-        // raised by `cached_load_bonus` for what a replica holds beyond the least-holding one.
         let c = &self.config;
-        let cap_for = |factor: f64| {
-            (((factor * (total_load + 1) as f64) / count as f64).ceil() as u32).max(1)
-        };
-        // ... and never above `imbalance_factor` times the idlest replica's load (plus one): a
-        // replica that holds none of a widely shared prefix must not starve.
-        let imbalance_cap = if c.imbalance_factor > 0.0 {
-            let cap = (c.imbalance_factor * f64::from(least_load.saturating_add(1))).ceil();
-            (cap as u32).max(1)
-        } else {
-            u32::MAX
-        };
-        let load_bound = cap_for(c.load_factor).min(imbalance_cap);
-        let least_held = healthy
-            .map(|r| matched[r.id.0 as usize])
-            .fold(f64::INFINITY, f64::min);
-        let cap = |r: &ReplicaView| {
-            let extra = (matched[r.id.0 as usize] - least_held) / blocks.max(1) as f64;
-            if c.cached_load_bonus > 0.0 && extra > 0.0 {
-                cap_for(c.load_factor + c.cached_load_bonus * extra).min(imbalance_cap)
-            } else {
-                load_bound
-            }
-        };
+        let caps = LoadCaps::new(c, healthy, &matched, blocks);
+        let load_bound = caps.bound;
         let saturated = |r: &ReplicaView| {
-            r.in_flight >= cap(r)
+            r.in_flight >= caps.of(r)
                 || r.max_in_flight.is_some_and(|m| r.in_flight >= m)
                 || r.kv_usage.is_some_and(|u| u >= c.kv_saturation)
                 || r.waiting >= c.queue_saturation
@@ -319,7 +291,7 @@ impl Policy {
                     signals,
                     ring_distance: distance[i],
                     saturated: is_saturated,
-                    load_cap: cap(r),
+                    load_cap: caps.of(r),
                     prefix_blocks: matched[r.id.0 as usize],
                     in_flight: r.in_flight,
                 }

@@ -1,0 +1,76 @@
+//! Bounded-load caps: how many requests a replica may have in flight before prefix and session
+//! stickiness yield to the rest of the fleet.
+
+use crate::{PolicyConfig, ReplicaView};
+
+/// The caps of one decision.
+pub(crate) struct LoadCaps<'a> {
+    config: &'a PolicyConfig,
+    /// Requests in flight on the healthy replicas, counting the one being placed.
+    total: f64,
+    healthy: f64,
+    /// Prompt blocks (or chunks) each slot holds, the fewest any healthy replica holds, and
+    /// the prompt's length in the same unit.
+    held: &'a [f64],
+    least_held: f64,
+    blocks: f64,
+    /// `imbalance_factor` times the idlest replica's in flight plus one.
+    imbalance: u32,
+    /// The cap for cold placement.
+    pub bound: u32,
+}
+
+impl<'a> LoadCaps<'a> {
+    /// `held` by replica slot, `blocks` the prompt's length; `replicas` are the healthy ones.
+    pub fn new<'r>(
+        config: &'a PolicyConfig,
+        replicas: impl Iterator<Item = &'r ReplicaView> + Clone,
+        held: &'a [f64],
+        blocks: usize,
+    ) -> Self {
+        let (count, in_flight, idlest) = replicas
+            .clone()
+            .fold((0u64, 0u64, u32::MAX), |(n, sum, least), r| {
+                (n + 1, sum + u64::from(r.in_flight), least.min(r.in_flight))
+            });
+        let least_held = replicas
+            .map(|r| held[r.id.0 as usize])
+            .fold(f64::INFINITY, f64::min);
+        let imbalance = if config.imbalance_factor > 0.0 && count > 0 {
+            let cap = (config.imbalance_factor * f64::from(idlest.saturating_add(1))).ceil();
+            (cap as u32).max(1)
+        } else {
+            u32::MAX
+        };
+        let mut caps = LoadCaps {
+            config,
+            total: (in_flight + 1) as f64,
+            healthy: count.max(1) as f64,
+            held,
+            least_held,
+            blocks: blocks.max(1) as f64,
+            imbalance,
+            bound: 0,
+        };
+        caps.bound = caps.with_factor(config.load_factor);
+        caps
+    }
+
+    /// `ceil(factor * total / healthy)`, at least 1, and never over the imbalance cap.
+    fn with_factor(&self, factor: f64) -> u32 {
+        let cap = ((factor * self.total) / self.healthy).ceil() as u32;
+        cap.max(1).min(self.imbalance)
+    }
+
+    /// A replica's cap: the cold bound, raised by `cached_load_bonus` for the share of the
+    /// prompt it holds beyond the least-holding replica (a spill would prefill that share).
+    pub fn of(&self, r: &ReplicaView) -> u32 {
+        let c = self.config;
+        let extra = (self.held[r.id.0 as usize] - self.least_held) / self.blocks;
+        if c.cached_load_bonus > 0.0 && extra > 0.0 {
+            self.with_factor(c.load_factor + c.cached_load_bonus * extra)
+        } else {
+            self.bound
+        }
+    }
+}
