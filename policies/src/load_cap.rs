@@ -3,6 +3,40 @@
 
 use crate::{PolicyConfig, ReplicaView};
 
+/// What one pass over the healthy replicas tells the caps and the load signal.
+pub(crate) struct FleetLoad {
+    pub healthy: u32,
+    pub in_flight: u64,
+    /// The fewest requests any healthy replica has in flight.
+    pub idlest: u32,
+    /// The most any has in flight plus queued.
+    pub busiest: u32,
+    /// The fewest prompt blocks (or chunks) any healthy replica holds.
+    pub least_held: f64,
+}
+
+impl FleetLoad {
+    /// `held`: prompt blocks held, by replica slot.
+    pub fn of<'r>(replicas: impl Iterator<Item = &'r ReplicaView>, held: &[f64]) -> Self {
+        let empty = FleetLoad {
+            healthy: 0,
+            in_flight: 0,
+            idlest: u32::MAX,
+            busiest: 0,
+            least_held: f64::INFINITY,
+        };
+        replicas
+            .filter(|r| r.healthy)
+            .fold(empty, |f, r| FleetLoad {
+                healthy: f.healthy + 1,
+                in_flight: f.in_flight + u64::from(r.in_flight),
+                idlest: f.idlest.min(r.in_flight),
+                busiest: f.busiest.max(r.in_flight.saturating_add(r.waiting)),
+                least_held: f.least_held.min(held[r.id.0 as usize]),
+            })
+    }
+}
+
 /// The caps of one decision.
 pub(crate) struct LoadCaps<'a> {
     config: &'a PolicyConfig,
@@ -21,33 +55,25 @@ pub(crate) struct LoadCaps<'a> {
 }
 
 impl<'a> LoadCaps<'a> {
-    /// `held` by replica slot, `blocks` the prompt's length; `replicas` are the healthy ones.
-    pub fn new<'r>(
+    /// `held` by replica slot, `blocks` the prompt's length.
+    pub fn new(
         config: &'a PolicyConfig,
-        replicas: impl Iterator<Item = &'r ReplicaView> + Clone,
+        fleet: &FleetLoad,
         held: &'a [f64],
         blocks: usize,
     ) -> Self {
-        let (count, in_flight, idlest) = replicas
-            .clone()
-            .fold((0u64, 0u64, u32::MAX), |(n, sum, least), r| {
-                (n + 1, sum + u64::from(r.in_flight), least.min(r.in_flight))
-            });
-        let least_held = replicas
-            .map(|r| held[r.id.0 as usize])
-            .fold(f64::INFINITY, f64::min);
-        let imbalance = if config.imbalance_factor > 0.0 && count > 0 {
-            let cap = (config.imbalance_factor * f64::from(idlest.saturating_add(1))).ceil();
+        let imbalance = if config.imbalance_factor > 0.0 && fleet.healthy > 0 {
+            let cap = (config.imbalance_factor * f64::from(fleet.idlest.saturating_add(1))).ceil();
             (cap as u32).max(1)
         } else {
             u32::MAX
         };
         let mut caps = LoadCaps {
             config,
-            total: (in_flight + 1) as f64,
-            healthy: count.max(1) as f64,
+            total: (fleet.in_flight + 1) as f64,
+            healthy: f64::from(fleet.healthy.max(1)),
             held,
-            least_held,
+            least_held: fleet.least_held,
             blocks: blocks.max(1) as f64,
             imbalance,
             bound: 0,

@@ -1,10 +1,10 @@
 //! Selection: filter, score, rank.
 
-use crate::load_cap::LoadCaps;
+use crate::load_cap::{FleetLoad, LoadCaps};
 use crate::sessions::SessionTable;
 use crate::{
     Applied, ApproxPrefixIndex, FleetView, HashRing, PolicyConfig, PreciseIndex, ReplicaId,
-    ReplicaView, RequestFeatures,
+    RequestFeatures,
 };
 use kvgate_protocol::telemetry::KvUpdate;
 use serde::Serialize;
@@ -211,23 +211,28 @@ impl Policy {
         fleet: FleetView<'_>,
         top: usize,
     ) -> Decision {
-        let healthy = fleet.replicas.iter().filter(|r| r.healthy);
-        let (count, max_load) = healthy.clone().fold((0u32, 0u32), |(n, max), r| {
-            (n + 1, max.max(r.in_flight.saturating_add(r.waiting)))
-        });
-        if count == 0 {
+        let (matched, blocks) = self.prefix_overlap(features, fleet);
+        let load = FleetLoad::of(fleet.replicas.iter(), &matched);
+        if load.healthy == 0 {
             return Decision::default();
         }
-        let (matched, blocks) = self.prefix_overlap(features, fleet);
         let c = &self.config;
-        let caps = LoadCaps::new(c, healthy, &matched, blocks);
+        let caps = LoadCaps::new(c, &load, &matched, blocks);
         let load_bound = caps.bound;
-        let saturated = |r: &ReplicaView| {
-            r.in_flight >= caps.of(r)
-                || r.max_in_flight.is_some_and(|m| r.in_flight >= m)
-                || r.kv_usage.is_some_and(|u| u >= c.kv_saturation)
-                || r.waiting >= c.queue_saturation
-        };
+        // Each replica's cap, and whether it is saturated: at its cap, its own `max_in_flight`,
+        // or its agent's reported KV or queue limit.
+        let limits: Vec<(u32, bool)> = fleet
+            .replicas
+            .iter()
+            .map(|r| {
+                let cap = caps.of(r);
+                let saturated = r.in_flight >= cap
+                    || r.max_in_flight.is_some_and(|m| r.in_flight >= m)
+                    || r.kv_usage.is_some_and(|u| u >= c.kv_saturation)
+                    || r.waiting >= c.queue_saturation;
+                (cap, saturated)
+            })
+            .collect();
 
         // Ring order of the candidates, and the bounded-load owner: the first healthy,
         // unsaturated replica clockwise from the key.
@@ -244,9 +249,10 @@ impl Policy {
             .replicas
             .iter()
             .zip(&distance)
-            .filter(|(r, &d)| d != u64::MAX && r.healthy && !saturated(r))
-            .min_by_key(|(r, &d)| (d, r.id))
-            .map(|(r, _)| r.id);
+            .zip(&limits)
+            .filter(|((r, &d), &(_, saturated))| d != u64::MAX && r.healthy && !saturated)
+            .min_by_key(|((r, &d), _)| (d, r.id))
+            .map(|((r, _), _)| r.id);
 
         let w = features.weights.as_ref().unwrap_or(&c.weights);
         let session_home = features
@@ -258,7 +264,7 @@ impl Policy {
             .enumerate()
             .filter(|(_, r)| r.healthy)
             .map(|(i, r)| {
-                let is_saturated = saturated(r);
+                let (load_cap, is_saturated) = limits[i];
                 let signals = Signals {
                     prefix: if is_saturated {
                         0.0
@@ -268,7 +274,7 @@ impl Policy {
                     ring: if owner == Some(r.id) { 1.0 } else { 0.0 },
                     load: 1.0
                         - f64::from(r.in_flight.saturating_add(r.waiting))
-                            / (f64::from(max_load) + 1.0),
+                            / (f64::from(load.busiest) + 1.0),
                     fresh: if r.stale { 0.0 } else { 1.0 },
                     // Stickiness yields only to saturation.
                     session: if session_home == Some(r.id) && !is_saturated {
@@ -291,7 +297,7 @@ impl Policy {
                     signals,
                     ring_distance: distance[i],
                     saturated: is_saturated,
-                    load_cap: caps.of(r),
+                    load_cap,
                     prefix_blocks: matched[r.id.0 as usize],
                     in_flight: r.in_flight,
                 }
