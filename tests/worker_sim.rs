@@ -466,3 +466,32 @@ async fn logprobs_in_chat_and_completion_layouts() {
         );
     }
 }
+
+/// The sim's clock: a token exists when the step that computed it ends, so a 4,000-token
+/// prompt (two steps of the 2,048-token budget) answers no sooner than both steps' modelled
+/// time, times the time scale. (A lower bound only: a busy machine may add to it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_token_waits_for_the_whole_modelled_prefill() {
+    use kvgate_worker::backend::profile::Profile;
+    let scale = 2.0;
+    let w = SimWorker::start(&["--time-scale", "2"]).await;
+    let profile = Profile::load("config/profiles/h200-llama-3.1-8b-bf16.yaml".as_ref()).unwrap();
+    let modelled = profile.step_seconds(std::iter::once((0, 2048)))
+        + profile.step_seconds(std::iter::once((2048, 1952)));
+    let prompt: Vec<u32> = (0..4000).map(|i| 100 + i).collect();
+    let started = Instant::now();
+    let (s, body) = post(
+        &w.url(),
+        "/v1/completions",
+        &tokens_prompt(&prompt, 1, false),
+    )
+    .await;
+    let elapsed = started.elapsed().as_secs_f64();
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(body["usage"]["prompt_tokens"], 4000);
+    assert!(
+        elapsed >= modelled * scale,
+        "answered after {elapsed:.3} s, before the modelled prefill ({:.3} s)",
+        modelled * scale
+    );
+}

@@ -69,15 +69,16 @@ pub fn spawn(
                 let started = Instant::now();
                 match engine.step() {
                     Ok(out) => {
+                        // A modelled step's results exist when the step ends, not when it starts.
+                        if let Some(modelled) = out.modelled_duration {
+                            let target = modelled.mul_f64(time_scale);
+                            std::thread::sleep(target.saturating_sub(started.elapsed()));
+                        }
                         for token in out.tokens {
                             deliver(&mut engine, &mut outputs, token);
                         }
                         shared.events.lock().unwrap_or_else(PoisonError::into_inner).publish(out.kv_events);
                         publish_stats(&engine, &shared, &mut last_stats);
-                        if let Some(modelled) = out.modelled_duration {
-                            let target = modelled.mul_f64(time_scale);
-                            std::thread::sleep(target.saturating_sub(started.elapsed()));
-                        }
                     }
                     Err(e) => {
                         // Fail every request in the batch's engine rather than retry forever:
