@@ -255,3 +255,71 @@ async fn a_ten_turn_conversation_keeps_its_replica() {
         );
     }
 }
+
+/// The prefill signal: a replica prefilling a long prompt is passed over by short cold prompts
+/// even when the request counts are equal, and its backlog clears at the first token, not at
+/// the end of the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_prefill_steers_short_prompts_to_the_other_replica() {
+    let slow = ["--first-token-delay-ms", "1500", "--token-delay-ms", "100"];
+    let (a, b) = (Worker::start(&slow).await, Worker::start(&slow).await);
+    let gw = Gateway::start(&[&a, &b], "").await;
+    let client = client();
+    let backlog = |r: &serde_json::Value| r["prefill_backlog"].as_u64().unwrap();
+
+    // ~10,000 tokens at the gateway's text-mode estimate of 4 bytes a token.
+    let long = {
+        let mut body = chat(&"lorem ipsum ".repeat(3_400), true);
+        body["max_tokens"] = 20.into();
+        body
+    };
+    let (c, url) = (client.clone(), gw.url());
+    let long_task =
+        tokio::spawn(async move { send(&c, &url, "/v1/chat/completions", &long).await });
+    gw.wait_until(|rs| rs.iter().any(|r| backlog(r) >= 9_000))
+        .await;
+    let replicas = gw.replicas().await;
+    let busy = replicas.iter().find(|r| backlog(r) >= 9_000).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // Short, distinct, cold prompts, all in flight together: every one goes to the replica
+    // with less prefill ahead, though after the first the request counts are equal and then
+    // favour the busy one.
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..6 {
+        let (c, url) = (client.clone(), gw.url());
+        tasks.spawn(async move {
+            let body = chat(
+                &format!("short question number {i}, distinct: {}", i * 7919),
+                true,
+            );
+            send(&c, &url, "/v1/chat/completions", &body).await
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    while let Some(answer) = tasks.join_next().await {
+        let answer = answer.unwrap();
+        assert_eq!(answer.status, 200);
+        assert_ne!(
+            answer.replica.unwrap(),
+            busy,
+            "a short prompt queued behind the long one"
+        );
+    }
+
+    // The long answer is still streaming, but its prompt is no longer queued prefill.
+    gw.wait_until(|rs| {
+        rs.iter()
+            .any(|r| r["id"] == busy.as_str() && r["in_flight"] == 1 && backlog(r) == 0)
+    })
+    .await;
+    let answer = long_task.await.unwrap();
+    assert_eq!(answer.status, 200);
+    assert!(answer.done);
+    gw.wait_until(|rs| rs.iter().all(|r| r["in_flight"] == 0 && backlog(r) == 0))
+        .await;
+    let series = format!("kvgate_replica_prefill_backlog_tokens{{replica=\"{busy}\"}} 0\n");
+    assert!(gw.metrics().await.contains(&series), "no `{series}`");
+}

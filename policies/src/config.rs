@@ -75,6 +75,10 @@ pub struct Weights {
     /// 1 for an idle replica, falling towards 0 as its load (requests in flight from this
     /// gateway plus those its agent reports queued) nears the fleet's busiest.
     pub load: f64,
+    /// 1 for the replica with the least prefill ahead of this request's first token (its
+    /// prefill backlog plus the share of the prompt it does not hold), falling as that work
+    /// grows: a replica with one prompt's length more work than the least scores at most 0.5.
+    pub prefill: f64,
     /// 1 unless the replica's agent reports are stale (then 0).
     pub fresh: f64,
     /// 1 for the replica the request's session is bound to, unless it is saturated.
@@ -91,6 +95,7 @@ impl Default for Weights {
             prefix: 3.0,
             ring: 1.0,
             load: 1.0,
+            prefill: 2.0,
             fresh: 1.0,
             session: 5.0,
             kv: 1.0,
@@ -101,11 +106,12 @@ impl Default for Weights {
 
 impl Weights {
     /// Each weight by its name in the config.
-    fn named(&mut self) -> [(&'static str, &mut f64); 7] {
+    fn named(&mut self) -> [(&'static str, &mut f64); 8] {
         [
             ("prefix", &mut self.prefix),
             ("ring", &mut self.ring),
             ("load", &mut self.load),
+            ("prefill", &mut self.prefill),
             ("fresh", &mut self.fresh),
             ("session", &mut self.session),
             ("kv", &mut self.kv),

@@ -17,6 +17,9 @@ pub struct ReplicaView {
     pub max_in_flight: Option<u32>,
     /// Requests the replica's agent last reported queued (0 without an agent).
     pub waiting: u32,
+    /// Prompt tokens the gateway sent it that have not yet produced a first token, less what
+    /// each decision found it holding: the prefill queued ahead of a new request.
+    pub prefill_backlog: u64,
     /// Its agent's last report is older than the stale threshold: scored down.
     pub stale: bool,
     /// Fraction of its KV blocks in use, as its agent last reported (`None` without reports).
@@ -40,6 +43,8 @@ pub struct RequestFeatures {
     /// Hashes of the prompt's full token blocks, as the worker computes them (token mode: the
     /// gateway tokenized the prompt). When present, the precise index scores the prefix.
     pub block_hashes: Vec<u64>,
+    /// The prompt's length in tokens (text mode: estimated at 4 bytes a token).
+    pub prompt_tokens: u64,
     /// Key of the cold-prefix owner on the consistent-hash ring.
     pub ring_key: u64,
     /// Hash of the session the request belongs to (`x-session-id` header, else `user`).

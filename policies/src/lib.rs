@@ -8,6 +8,7 @@ mod holders;
 mod load_cap;
 mod lru;
 mod precise_index;
+mod prefill;
 mod prefix_index;
 mod ring;
 mod select;

@@ -1,6 +1,7 @@
 //! Selection: filter, score, rank.
 
 use crate::load_cap::{FleetLoad, LoadCaps};
+use crate::prefill::PromptWork;
 use crate::sessions::SessionTable;
 use crate::{
     Applied, ApproxPrefixIndex, FleetView, HashRing, PolicyConfig, PreciseIndex, ReplicaId,
@@ -15,6 +16,7 @@ pub struct Signals {
     pub prefix: f64,
     pub ring: f64,
     pub load: f64,
+    pub prefill: f64,
     pub fresh: f64,
     pub session: f64,
     pub kv: f64,
@@ -41,6 +43,9 @@ pub struct Candidate {
     /// The leading prompt blocks (or text chunks) it holds, as the prefix index knows them;
     /// counted even when saturated.
     pub prefix_blocks: f64,
+    /// The prompt tokens it would prefill (those it is not known to hold): what routing the
+    /// request here adds to its prefill backlog.
+    pub prefill_tokens: u64,
     pub in_flight: u32,
 }
 
@@ -217,6 +222,14 @@ impl Policy {
             return Decision::default();
         }
         let c = &self.config;
+        let prompt = PromptWork::new(features.prompt_tokens, blocks);
+        let least_work = fleet
+            .replicas
+            .iter()
+            .filter(|r| r.healthy)
+            .map(|r| prompt.ahead_on(r, matched[r.id.0 as usize]))
+            .min()
+            .unwrap_or_default();
         let caps = LoadCaps::new(c, &load, &matched, blocks);
         let load_bound = caps.bound;
         // Each replica's cap, and whether it is saturated: at its cap, its own `max_in_flight`,
@@ -265,16 +278,18 @@ impl Policy {
             .filter(|(_, r)| r.healthy)
             .map(|(i, r)| {
                 let (load_cap, is_saturated) = limits[i];
+                let held = matched[r.id.0 as usize];
                 let signals = Signals {
                     prefix: if is_saturated {
                         0.0
                     } else {
-                        matched[r.id.0 as usize] / blocks.max(1) as f64
+                        held / blocks.max(1) as f64
                     },
                     ring: if owner == Some(r.id) { 1.0 } else { 0.0 },
                     load: 1.0
                         - f64::from(r.in_flight.saturating_add(r.waiting))
                             / (f64::from(load.busiest) + 1.0),
+                    prefill: prompt.relative(least_work, prompt.ahead_on(r, held)),
                     fresh: if r.stale { 0.0 } else { 1.0 },
                     // Stickiness yields only to saturation.
                     session: if session_home == Some(r.id) && !is_saturated {
@@ -290,6 +305,7 @@ impl Policy {
                     total: w.prefix * signals.prefix
                         + w.ring * signals.ring
                         + w.load * signals.load
+                        + w.prefill * signals.prefill
                         + w.fresh * signals.fresh
                         + w.session * signals.session
                         + w.kv * signals.kv
@@ -298,7 +314,8 @@ impl Policy {
                     ring_distance: distance[i],
                     saturated: is_saturated,
                     load_cap,
-                    prefix_blocks: matched[r.id.0 as usize],
+                    prefix_blocks: held,
+                    prefill_tokens: prompt.uncached(held),
                     in_flight: r.in_flight,
                 }
             })
@@ -353,6 +370,7 @@ mod tests {
                 in_flight: l,
                 max_in_flight: None,
                 waiting: 0,
+                prefill_backlog: 0,
                 stale: false,
                 kv_usage: None,
                 adapter_fit: 0.0,
@@ -509,6 +527,59 @@ mod tests {
                 None => assert_ne!(pick, 0),
             }
         }
+    }
+
+    #[test]
+    fn a_prefill_backlog_steers_a_cold_prompt_past_its_ring_owner() {
+        let p = policy(3);
+        let f = RequestFeatures {
+            prompt_tokens: 2_000,
+            ..features(7, &[1, 2, 3, 4])
+        };
+        let idle = view(&[1, 1, 1]);
+        let owner = p.select(&f, FleetView { replicas: &idle }).ranked[0].replica;
+        // As many requests everywhere, but the owner is prefilling a long document.
+        let mut busy = idle.clone();
+        busy[owner.0 as usize].prefill_backlog = 30_000;
+        let d = p.select(&f, FleetView { replicas: &busy });
+        assert_ne!(d.ranked[0].replica, owner);
+        assert_eq!(d.ranked[0].signals.prefill, 1.0);
+        assert_eq!(d.ranked[0].prefill_tokens, 2_000);
+        let o = d.ranked.iter().find(|c| c.replica == owner).unwrap();
+        assert_eq!(o.signals.ring, 1.0);
+        assert!(o.signals.prefill < 0.2, "{}", o.signals.prefill);
+    }
+
+    #[test]
+    fn a_held_prompt_outweighs_a_short_backlog() {
+        let mut p = policy(3);
+        let f = RequestFeatures {
+            prompt_tokens: 1_000,
+            ..features(7, &[1, 2, 3, 4])
+        };
+        let home = p
+            .select(
+                &f,
+                FleetView {
+                    replicas: &view(&[0, 0, 0]),
+                },
+            )
+            .ranked[0]
+            .replica;
+        p.record(home, &f);
+        let mut fleet = view(&[1, 1, 1]);
+        fleet[home.0 as usize].prefill_backlog = 500;
+        // Another ring key: only what the replicas hold tells them apart.
+        let again = RequestFeatures {
+            ring_key: 999,
+            ..f.clone()
+        };
+        let d = p.select(&again, FleetView { replicas: &fleet });
+        assert_eq!(d.ranked[0].replica, home);
+        assert_eq!(d.ranked[0].prefill_tokens, 0);
+        // 500 tokens ahead at home against 1,000 to compute anywhere else.
+        assert_eq!(d.ranked[0].signals.prefill, 1.0);
+        assert_eq!(d.ranked[1].signals.prefill, 0.75);
     }
 
     #[test]

@@ -38,6 +38,11 @@ pub fn refresh_gauges(gateway: &Gateway) {
             .set(i64::from(r.in_flight()));
         gateway
             .metrics
+            .prefill_backlog
+            .with_label_values(&[&r.name])
+            .set(i64::try_from(r.prefill_backlog()).unwrap_or(i64::MAX));
+        gateway
+            .metrics
             .healthy
             .with_label_values(&[&r.name])
             .set(i64::from(r.is_routable(snap_agents)));

@@ -350,6 +350,7 @@ impl Gateway {
                 in_flight: r.in_flight(),
                 max_in_flight: r.config.max_in_flight,
                 waiting: r.reported_waiting(),
+                prefill_backlog: r.prefill_backlog(),
                 stale: r.freshness(agents) == Freshness::Stale,
                 kv_usage: r.reported_kv_usage(),
                 adapter_fit,
@@ -377,8 +378,8 @@ impl Gateway {
                 .find(|(r, _)| r.slot == slot)
                 .map(|(r, _)| Arc::clone(r))
         };
-        let first =
-            by_slot(top.replica).map(|r| InFlight::new(r, Arc::clone(&self.admission.released)));
+        let first = by_slot(top.replica)
+            .map(|r| InFlight::new(r, Arc::clone(&self.admission.released), top.prefill_tokens));
         policy.record_choice(top, features);
         drop(policy);
         self.metrics

@@ -22,6 +22,7 @@ pub struct Metrics {
     pub e2e: HistogramVec,
     pub decision: Histogram,
     pub in_flight: IntGaugeVec,
+    pub prefill_backlog: IntGaugeVec,
     pub healthy: IntGaugeVec,
     /// By reason: connect, status_503, status_429, stale_connection.
     pub retries: IntCounterVec,
@@ -93,6 +94,11 @@ impl Metrics {
             in_flight: gauge(
                 "kvgate_replica_in_flight",
                 "Requests in flight per replica",
+                &["replica"],
+            )?,
+            prefill_backlog: gauge(
+                "kvgate_replica_prefill_backlog_tokens",
+                "Prompt tokens sent to the replica that await their first token, less what it held",
                 &["replica"],
             )?,
             healthy: gauge(

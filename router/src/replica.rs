@@ -23,6 +23,9 @@ pub struct Replica {
     ejected_until_ms: AtomicU64,
     epoch: Instant,
     in_flight: AtomicU32,
+    /// Prompt tokens of its in-flight requests still awaiting their first token, less what
+    /// each decision found it holding.
+    prefill_backlog: AtomicU64,
     discovered_models: Mutex<Option<Vec<String>>>,
     last_decision: Mutex<Option<Candidate>>,
     agent: Mutex<Option<AgentState>>,
@@ -101,6 +104,7 @@ impl Replica {
             ejected_until_ms: AtomicU64::new(0),
             epoch: Instant::now(),
             in_flight: AtomicU32::new(0),
+            prefill_backlog: AtomicU64::new(0),
             discovered_models: Mutex::new(None),
             last_decision: Mutex::new(None),
             agent: Mutex::new(None),
@@ -205,11 +209,22 @@ impl Replica {
         self.in_flight.load(Ordering::Acquire)
     }
 
-    pub fn begin_request(&self) {
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
+    pub fn prefill_backlog(&self) -> u64 {
+        self.prefill_backlog.load(Ordering::Acquire)
     }
 
-    pub fn end_request(&self) {
+    fn begin_request(&self, prefill_tokens: u64) {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.prefill_backlog
+            .fetch_add(prefill_tokens, Ordering::AcqRel);
+    }
+
+    fn end_prefill(&self, prefill_tokens: u64) {
+        self.prefill_backlog
+            .fetch_sub(prefill_tokens, Ordering::AcqRel);
+    }
+
+    fn end_request(&self) {
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 
@@ -326,6 +341,7 @@ impl Replica {
             "freshness": self.freshness(agents),
             "agent": agent,
             "in_flight": self.in_flight(),
+            "prefill_backlog": self.prefill_backlog(),
             "consecutive_failures": self.consecutive_failures.load(Ordering::Acquire),
             "models": self.models(),
             "labels": self.config.labels,
@@ -341,22 +357,39 @@ pub enum ModelMatch {
     Unknown,
 }
 
-/// Holds a replica's in-flight count up for the life of a request; at the end, wakes the
-/// requests waiting for room.
+/// Holds a replica's in-flight count up for the life of a request, and its prefill backlog
+/// until the first token; at the end, wakes the requests waiting for room.
 pub struct InFlight {
     replica: Arc<Replica>,
     released: Arc<tokio::sync::Notify>,
+    /// Prompt tokens counted in the replica's prefill backlog until the first token.
+    prefill_tokens: u64,
 }
 
 impl InFlight {
-    pub fn new(replica: Arc<Replica>, released: Arc<tokio::sync::Notify>) -> Self {
-        replica.begin_request();
-        InFlight { replica, released }
+    pub fn new(
+        replica: Arc<Replica>,
+        released: Arc<tokio::sync::Notify>,
+        prefill_tokens: u64,
+    ) -> Self {
+        replica.begin_request(prefill_tokens);
+        InFlight {
+            replica,
+            released,
+            prefill_tokens,
+        }
+    }
+
+    /// The first token arrived: the prompt is no longer queued prefill.
+    pub fn prefilled(&mut self) {
+        self.replica
+            .end_prefill(std::mem::take(&mut self.prefill_tokens));
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        self.prefilled();
         self.replica.end_request();
         self.released.notify_waiters();
     }

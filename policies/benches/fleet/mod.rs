@@ -15,6 +15,7 @@ pub fn prompt(i: usize) -> RequestFeatures {
     let chunks = text_chunk_hashes(HashSeed::new("bench", None, ""), text.as_bytes(), 256);
     RequestFeatures {
         ring_key: chunks[0],
+        prompt_tokens: text.len() as u64 / 4,
         prefix_chunks: chunks,
         ..RequestFeatures::default()
     }
@@ -32,6 +33,7 @@ pub fn token_prompt(i: usize) -> RequestFeatures {
     let hashes = block_hashes(HashSeed::new("bench", None, ""), &tokens, 16);
     RequestFeatures {
         ring_key: hashes[3],
+        prompt_tokens: tokens.len() as u64,
         block_hashes: hashes,
         ..RequestFeatures::default()
     }
@@ -101,6 +103,7 @@ fn fleet(replicas: u32) -> Vec<ReplicaView> {
             in_flight: i % 7,
             max_in_flight: None,
             waiting: 0,
+            prefill_backlog: u64::from(i % 5) * 1_000,
             stale: false,
             kv_usage: None,
             adapter_fit: 0.0,

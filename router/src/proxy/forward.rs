@@ -72,19 +72,23 @@ impl Forward<'_> {
         let mut last_error =
             ApiError::new(ErrorKind::Unavailable, "no replica could take the request");
         for (i, (replica, candidate)) in route.ranked.iter().enumerate().take(attempts) {
-            let in_flight = match first.take() {
+            let mut in_flight = match first.take() {
                 Some(guard) => guard,
                 None => {
                     self.gateway.record_prefix(candidate, self.features);
                     InFlight::new(
                         Arc::clone(replica),
                         Arc::clone(&self.gateway.admission.released),
+                        candidate.prefill_tokens,
                     )
                 }
             };
             replica.set_last_decision(*candidate);
             let more = i + 1 < attempts.min(route.ranked.len());
-            match self.attempt(client, replica, candidate, more).await {
+            match self
+                .attempt(client, replica, candidate, &mut in_flight, more)
+                .await
+            {
                 Attempt::Done(outcome, status) => {
                     drop(in_flight);
                     self.count(route_label, status, &replica.name);
@@ -142,6 +146,7 @@ impl Forward<'_> {
         client: &mut ServerSession,
         replica: &Replica,
         candidate: &Candidate,
+        in_flight: &mut InFlight,
         more_replicas: bool,
     ) -> Attempt {
         let timeouts = &self.snapshot.config.timeouts;
@@ -190,7 +195,9 @@ impl Forward<'_> {
         {
             return Attempt::Done(Outcome::Close, 499);
         }
-        let outcome = self.stream_body(client, &mut upstream, replica).await;
+        let outcome = self
+            .stream_body(client, &mut upstream, replica, in_flight)
+            .await;
         if outcome == Outcome::Complete && upstream.response_done() {
             connector
                 .release_http_session(
@@ -365,8 +372,8 @@ impl Forward<'_> {
             extra.push((
                 "x-kvgate-route",
                 format!(
-                    "total={:.3};prefix={:.3};ring={:.3};load={:.3};ring_distance={};in_flight={};load_cap={}",
-                    candidate.total, s.prefix, s.ring, s.load, candidate.ring_distance, candidate.in_flight, candidate.load_cap
+                    "total={:.3};prefix={:.3};ring={:.3};load={:.3};prefill={:.3};ring_distance={};in_flight={};load_cap={};prefill_tokens={}",
+                    candidate.total, s.prefix, s.ring, s.load, s.prefill, candidate.ring_distance, candidate.in_flight, candidate.load_cap, candidate.prefill_tokens
                 ),
             ));
         }
@@ -384,6 +391,7 @@ impl Forward<'_> {
         client: &mut ServerSession,
         upstream: &mut HttpSession,
         replica: &Replica,
+        in_flight: &mut InFlight,
     ) -> Outcome {
         let idle = Duration::from_millis(self.snapshot.config.timeouts.idle_ms);
         let is_sse = upstream
@@ -407,6 +415,7 @@ impl Forward<'_> {
                 Ok(Some(chunk)) => {
                     if first_chunk {
                         first_chunk = false;
+                        in_flight.prefilled();
                         self.gateway
                             .metrics
                             .ttft

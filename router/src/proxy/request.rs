@@ -72,6 +72,7 @@ fn token_features(
         n => hashes[n.min(policy.ring_key_chunks.max(1)) - 1],
     };
     Ok(RequestFeatures {
+        prompt_tokens: ids.len() as u64,
         block_hashes: hashes,
         ring_key,
         ..RequestFeatures::default()
@@ -108,6 +109,9 @@ pub fn features(model: &str, text: &[u8], policy: &PolicyConfig) -> RequestFeatu
         n => prefix_chunks[n.min(policy.ring_key_chunks) - 1],
     };
     RequestFeatures {
+        // Byte-level BPE vocabularies average about 4 bytes a token on English text (and a
+        // token-id prompt is hashed as 4 bytes a token).
+        prompt_tokens: text.len().div_ceil(4) as u64,
         prefix_chunks,
         ring_key,
         ..RequestFeatures::default()
