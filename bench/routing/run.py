@@ -26,6 +26,8 @@ Peers: bench/peers/install (SGLang and vLLM routers in a venv outside the reposi
 """
 import argparse, json, os, platform, re, signal, socket, subprocess, sys, tempfile, time, urllib.request
 
+import floor
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KVGATE = os.path.join(ROOT, "target", "release", "kvgate")
 PEERS = os.environ.get("KVGATE_PEERS", "/tmp/kvgate-peers")
@@ -142,8 +144,8 @@ def gateway_yaml(port, admin, workers, config, token_file):
          "health: {interval_ms: 500}", "replicas:"]
     y += [f'  - {{url: "{w}", id: w{i}}}' for i, w in enumerate(workers)]
     weights = {
-        "least-load": "{prefix: 0, ring: 0, load: 1, fresh: 0, session: 0, kv: 0, adapter: 0}",
-        "consistent-hash": "{prefix: 0, ring: 1, load: 0, fresh: 0, session: 0, kv: 0, adapter: 0}",
+        "least-load": "{prefix: 0, ring: 0, load: 1, prefill: 0, fresh: 0, session: 0, kv: 0, adapter: 0}",
+        "consistent-hash": "{prefix: 0, ring: 1, load: 0, prefill: 0, fresh: 0, session: 0, kv: 0, adapter: 0}",
     }.get(config)
     if weights:
         # The textbook baselines: the plain 1.25 load bound, no allowance for held prefixes,
@@ -233,6 +235,8 @@ def run_one(procs, workload, config, workers, out_root, logs, token_file, time_s
     with open(os.path.join(out, "summary.json")) as f:
         s = json.load(f)
     s["per_worker_requests"] = per_worker
+    if workload == "mooncake":
+        s["ttft_floor_s"] = floor.summarize(out, time_scale, trace=TRACE)
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(s, f, indent=2)
     return s
@@ -250,25 +254,34 @@ def imbalance(per):
 
 def table(workload, results):
     """One row per configuration: each metric's median over its rounds (`results`: config ->
-    list of summaries), the median of the rounds' spreads, and the P90 of each round."""
+    list of summaries), the median of the rounds' spreads, and the P90 of each round. For the
+    trace, also the P90 of each request's TTFT over its no-queue floor (floor.py)."""
+    floors = all("ttft_floor_s" in s for rounds in results.values() for s in rounds)
+    extra = " TTFT over floor p90 |" if floors else ""
     lines = [f"#### {workload}", "",
-             "| config | TTFT p50 | TTFT p90 | TTFT p99 | ITL p99 | e2e p99 | req/s | out tok/s | cached ratio | max/min per replica | TTFT p90 per round |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| config | TTFT p50 | TTFT p90 | TTFT p99 | ITL p99 | e2e p99 | req/s | out tok/s | cached ratio | max/min per replica |" + extra + " TTFT p90 per round |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if floors else "") + "---|"]
     ideal = None
     for config, rounds in results.items():
         med = lambda f: median([f(s) for s in rounds])
         ms = lambda k, p: f"{med(lambda s: s[k][p]) * 1000:.0f}"
         spread = med(lambda s: imbalance(s["per_worker_requests"]))
         p90s = ", ".join(f"{s['ttft_s']['p90'] * 1000:.0f}" for s in rounds)
+        over = f" {med(lambda s: s['ttft_floor_s']['over_floor']['p90']) * 1000:.0f} |" if floors else ""
         lines.append(f"| {config} | {ms('ttft_s','p50')} | {ms('ttft_s','p90')} | {ms('ttft_s','p99')} | "
                      f"{ms('itl_s','p99')} | {ms('e2e_s','p99')} | {med(lambda s: s['requests_per_s']):.2f} | "
                      f"{med(lambda s: s['output_tokens_per_s']):.0f} | {med(lambda s: s['cached_token_ratio']):.3f} | "
-                     f"{spread:.2f} | {p90s} |")
+                     f"{spread:.2f} |{over} {p90s} |")
         ideal = rounds[0].get("ideal_cached_token_ratio") or ideal
     lines.append("")
     lines.append(f"Medians over {len(next(iter(results.values())))} round(s); times in ms (simulated H200 time x the time scale). Ideal single-replica "
                  f"cached-token ratio: {ideal:.3f}." if ideal is not None else
                  "Times in ms (simulated H200 time x the time scale), medians over the rounds.")
+    if floors:
+        f = next(iter(results.values()))[0]["ttft_floor_s"]["floor"]
+        lines.append(f"No-queue floor (each request alone on an idle worker, ideal reuse; "
+                     f"bench/routing/floor.py): TTFT p50 {f['p50'] * 1000:.0f}, "
+                     f"p90 {f['p90'] * 1000:.0f}, p99 {f['p99'] * 1000:.0f}.")
     return "\n".join(lines)
 
 

@@ -95,7 +95,7 @@ impl Default for Weights {
             prefix: 3.0,
             ring: 1.0,
             load: 1.0,
-            prefill: 2.0,
+            prefill: 6.0,
             fresh: 1.0,
             session: 5.0,
             kv: 1.0,

@@ -35,7 +35,7 @@ pub struct Candidate {
     /// alike.
     pub ring_distance: u64,
     /// At or over its load cap (or its own `max_in_flight`, KV or queue limit): prefix and
-    /// session stickiness are suspended.
+    /// session stickiness and the prefill signal are suspended.
     pub saturated: bool,
     /// Its bounded-load cap for this request: the decision's `load_bound`, raised by
     /// `cached_load_bonus` where it holds more of the prompt than the others.
@@ -222,14 +222,6 @@ impl Policy {
             return Decision::default();
         }
         let c = &self.config;
-        let prompt = PromptWork::new(features.prompt_tokens, blocks);
-        let least_work = fleet
-            .replicas
-            .iter()
-            .filter(|r| r.healthy)
-            .map(|r| prompt.ahead_on(r, matched[r.id.0 as usize]))
-            .min()
-            .unwrap_or_default();
         let caps = LoadCaps::new(c, &load, &matched, blocks);
         let load_bound = caps.bound;
         // Each replica's cap, and whether it is saturated: at its cap, its own `max_in_flight`,
@@ -246,6 +238,17 @@ impl Policy {
                 (cap, saturated)
             })
             .collect();
+
+        // The least prefill work ahead of the first token on an unsaturated replica.
+        let prompt = PromptWork::new(features.prompt_tokens, blocks);
+        let least_work = fleet
+            .replicas
+            .iter()
+            .zip(&limits)
+            .filter(|(r, &(_, saturated))| r.healthy && !saturated)
+            .map(|(r, _)| prompt.ahead_on(r, matched[r.id.0 as usize]))
+            .min()
+            .unwrap_or_default();
 
         // Ring order of the candidates, and the bounded-load owner: the first healthy,
         // unsaturated replica clockwise from the key.
@@ -289,7 +292,13 @@ impl Policy {
                     load: 1.0
                         - f64::from(r.in_flight.saturating_add(r.waiting))
                             / (f64::from(load.busiest) + 1.0),
-                    prefill: prompt.relative(least_work, prompt.ahead_on(r, held)),
+                    // Part load signal, part prefix affinity: it yields to saturation too, or
+                    // a replica holding the prompt would keep it past any cap.
+                    prefill: if is_saturated {
+                        0.0
+                    } else {
+                        prompt.relative(least_work, prompt.ahead_on(r, held))
+                    },
                     fresh: if r.stale { 0.0 } else { 1.0 },
                     // Stickiness yields only to saturation.
                     session: if session_home == Some(r.id) && !is_saturated {
@@ -602,10 +611,11 @@ mod tests {
     proptest! {
         /// Bounded load: routing each new request to the top candidate and counting it
         /// in flight never pushes a replica past ceil(c * total / n) for cold prefixes, nor
-        /// past ceil((c + bonus) * total / n) where it holds the prompt.
+        /// past ceil((c + bonus) * total / n) where it holds the prompt, whatever the
+        /// replicas' prefill backlogs.
         #[test]
         fn bounded_load_holds(
-            requests in prop::collection::vec((any::<u64>(), 0u64..6), 1..200),
+            requests in prop::collection::vec((any::<u64>(), 0u64..6, 0u64..20_000), 1..200),
             n in 1u32..9,
             bonus in prop::sample::select(vec![0.0, 0.5, 1.0]),
             imbalance in prop::sample::select(vec![0.0, 2.0]),
@@ -614,11 +624,17 @@ mod tests {
             let mut p = policy_with(n, config);
             let c = p.config().load_factor;
             let mut loads = vec![0u32; n as usize];
-            for (k, &(key, group)) in requests.iter().enumerate() {
+            let mut backlogs = vec![0u64; n as usize];
+            for (k, &(key, group, backlog)) in requests.iter().enumerate() {
                 // Group 0 is a cold, unshared prompt; the others recur.
                 let chunks: Vec<u64> = if group == 0 { vec![] } else { vec![group, group + 100] };
-                let f = features(key, &chunks);
-                let fleet = view(&loads);
+                let f = RequestFeatures { prompt_tokens: 1_000, ..features(key, &chunks) };
+                // Prefill backlogs unrelated to the request counts: the bound holds anyway.
+                backlogs[k % n as usize] = backlog;
+                let mut fleet = view(&loads);
+                for (r, &b) in fleet.iter_mut().zip(&backlogs) {
+                    r.prefill_backlog = b;
+                }
                 let least = *loads.iter().min().unwrap();
                 let d = p.select(&f, FleetView { replicas: &fleet });
                 let pick = d.ranked[0];
