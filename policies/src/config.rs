@@ -8,9 +8,10 @@ use serde::{Deserialize, Serialize};
 pub struct PolicyConfig {
     /// Weights of the signals in the total score.
     pub weights: Weights,
-    /// Bounded-load factor `c` (Mirrokni et al.): no replica takes more than
-    /// `ceil(c * (in_flight + 1) / healthy)` requests while another is below that bound.
-    /// Must be at least 1.0.
+    /// Bounded-load factor `c` (Mirrokni et al.): prefix and session stickiness and the ring
+    /// yield once a replica has `ceil(c * (in_flight + 1) / healthy)` requests (the prefill
+    /// signal, which weighs load in tokens, yields only at `imbalance_factor`). Must be at
+    /// least 1.0.
     pub load_factor: f64,
     /// Loosens the bound where staying saves prefill: a replica holding a fraction `f` more of
     /// the prompt than the fleet's least-holding replica may carry

@@ -82,6 +82,11 @@ impl<'a> LoadCaps<'a> {
         caps
     }
 
+    /// The imbalance guard: no replica takes more, whatever it holds (`u32::MAX` when off).
+    pub fn guard(&self) -> u32 {
+        self.imbalance
+    }
+
     /// `ceil(factor * total / healthy)`, at least 1, and never over the imbalance cap.
     fn with_factor(&self, factor: f64) -> u32 {
         let cap = ((factor * self.total) / self.healthy).ceil() as u32;
