@@ -406,6 +406,21 @@ mod tests {
             .collect()
     }
 
+    /// Routes `f` on an idle three-replica fleet and records the choice: its home.
+    fn place_on_idle(p: &mut Policy, f: &RequestFeatures) -> ReplicaId {
+        let home = p
+            .select(
+                f,
+                FleetView {
+                    replicas: &view(&[0, 0, 0]),
+                },
+            )
+            .ranked[0]
+            .replica;
+        p.record(home, f);
+        home
+    }
+
     fn features(key: u64, chunks: &[u64]) -> RequestFeatures {
         RequestFeatures {
             prefix_chunks: chunks.to_vec(),
@@ -489,16 +504,7 @@ mod tests {
         };
         let mut p = policy_with(3, config);
         let f = features(7, &[1, 2]);
-        let home = p
-            .select(
-                &f,
-                FleetView {
-                    replicas: &view(&[0, 0, 0]),
-                },
-            )
-            .ranked[0]
-            .replica;
-        p.record(home, &f);
+        let home = place_on_idle(&mut p, &f);
         let loads_with_home_at = |load: u32| {
             let mut loads = [3u32; 3];
             loads[home.0 as usize] = load;
@@ -585,16 +591,7 @@ mod tests {
             prompt_tokens: 1_000,
             ..features(7, &[1, 2, 3, 4])
         };
-        let home = p
-            .select(
-                &f,
-                FleetView {
-                    replicas: &view(&[0, 0, 0]),
-                },
-            )
-            .ranked[0]
-            .replica;
-        p.record(home, &f);
+        let home = place_on_idle(&mut p, &f);
         let mut fleet = view(&[1, 1, 1]);
         fleet[home.0 as usize].prefill_backlog = 500;
         // Another ring key: only what the replicas hold tells them apart.
