@@ -1,9 +1,10 @@
 //! Token mode end to end: four sim workers, each with an agent relaying its KV events, behind
 //! a gateway that tokenizes prompts with the model's GGUF and hashes them as the workers do.
 //! With 20 shared-prefix groups, each group's requests go to the replica that holds its blocks
-//! (known from events, not from the gateway's own guesses, which expire first); a saturated
-//! holder (at the load bound, or queueing as its agent reports) makes its group spill, and
-//! the group returns when the holder recovers.
+//! (known from events, not from the gateway's own guesses, which expire first). Over its
+//! bounded-load cap a holder keeps its group (it has the least to prefill); at a hard limit
+//! (the imbalance guard, or queueing as its agent reports) the group spills, and it returns
+//! when the holder recovers.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -34,6 +35,28 @@ fn ask(group: usize, question: usize, max_tokens: u32) -> serde_json::Value {
             {"role": "user", "content": format!("Question {question}: where is my parcel?")},
         ],
     })
+}
+
+/// Starts a long request of group 0 through the gateway and waits until `home` has `n` in
+/// flight: it must have gone there.
+async fn start_long(gw: &Gateway, home: &str, n: u64) -> tokio::task::JoinHandle<Answer> {
+    let mut body = ask(0, 100 + n as usize * 10, 3000);
+    body["ignore_eos"] = true.into();
+    let url = gw.url();
+    let task =
+        tokio::spawn(async move { send(&client(), &url, "/v1/chat/completions", &body).await });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let rs = gw.replicas().await;
+        if rs.iter().any(|r| r["id"] == home && r["in_flight"] == n) {
+            return task;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "long request {n} did not start on {home}: {rs:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// Sends a chat request and waits until the gateway has let it go (a request still counted
@@ -124,43 +147,47 @@ async fn groups_stay_where_their_blocks_are() {
     println!("locality: {hits}/{total} = {locality:.3}");
     assert!(locality >= 0.95, "locality {hits}/{total}");
 
-    // Saturate group 0's home with a long request: the group spills, then returns.
-    let long = tokio::spawn({
-        let (url, body) = (gw.url(), ask(0, 100, 600));
-        async move { send(&client(), &url, "/v1/chat/completions", &body).await }
-    });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let rs = gw.replicas().await;
-        if rs
-            .iter()
-            .any(|r| r["id"] == home[0].as_str() && r["in_flight"] == 1)
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the long request never started: {rs:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    // One long request on group 0's home puts it over its bounded-load cap, but the group
+    // stays: the home has a few tokens to prefill where any other replica has the whole
+    // prompt. At the imbalance guard (3 in flight while the others idle) the group spills;
+    // when the long requests finish, it returns.
+    let mut long = Vec::new();
+    long.push(start_long(&gw, &home[0], 1).await);
+    assert_eq!(
+        send(
+            &client(),
+            &gw.url(),
+            "/v1/chat/completions",
+            &ask(0, 101, 4)
+        )
+        .await
+        .replica
+        .as_ref(),
+        Some(&home[0]),
+        "over the cap, the home still has the least to prefill"
+    );
+    for n in 2..=3 {
+        long.push(start_long(&gw, &home[0], n).await);
     }
     let spilled = send(
         &client(),
         &gw.url(),
         "/v1/chat/completions",
-        &ask(0, 101, 4),
+        &ask(0, 102, 4),
     )
     .await;
     assert_ne!(
         spilled.replica.as_ref(),
         Some(&home[0]),
-        "a saturated home is passed over"
+        "a home at the imbalance guard is passed over"
     );
-    assert_eq!(long.await.unwrap().replica.as_ref(), Some(&home[0]));
+    for l in long {
+        l.abort();
+    }
     gw.wait_until(|rs| rs.iter().all(|r| r["in_flight"] == 0))
         .await;
     assert_eq!(
-        settled(&gw, &ask(0, 102, 4)).await,
+        settled(&gw, &ask(0, 103, 4)).await,
         home[0],
         "recovered, the group returns"
     );
@@ -193,7 +220,7 @@ async fn groups_stay_where_their_blocks_are() {
         &client(),
         &gw.url(),
         "/v1/chat/completions",
-        &ask(0, 103, 4),
+        &ask(0, 104, 4),
     )
     .await;
     assert_ne!(
@@ -211,7 +238,7 @@ async fn groups_stay_where_their_blocks_are() {
     })
     .await;
     assert_eq!(
-        settled(&gw, &ask(0, 104, 4)).await,
+        settled(&gw, &ask(0, 105, 4)).await,
         home[0],
         "drained, the group returns"
     );
