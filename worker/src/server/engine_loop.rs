@@ -74,11 +74,13 @@ pub fn spawn(
                             let target = modelled.mul_f64(time_scale);
                             std::thread::sleep(target.saturating_sub(started.elapsed()));
                         }
+                        // Stats and events first: a client that has its token and then asks
+                        // `/stats` or the event log sees the step that made it.
+                        shared.events.lock().unwrap_or_else(PoisonError::into_inner).publish(out.kv_events);
+                        publish_stats(&engine, &shared, &mut last_stats);
                         for token in out.tokens {
                             deliver(&mut engine, &mut outputs, token);
                         }
-                        shared.events.lock().unwrap_or_else(PoisonError::into_inner).publish(out.kv_events);
-                        publish_stats(&engine, &shared, &mut last_stats);
                     }
                     Err(e) => {
                         // Fail every request in the batch's engine rather than retry forever:
