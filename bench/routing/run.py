@@ -141,7 +141,7 @@ def wait_idle(workers, timeout=120):
 
 def gateway_yaml(port, admin, workers, config, token_file):
     y = [f'listen: "127.0.0.1:{port}"', f'admin_listen: "127.0.0.1:{admin}"',
-         "health: {interval_ms: 500}", "replicas:"]
+         "health: {interval_ms: 500}", "debug_headers: true", "replicas:"]
     y += [f'  - {{url: "{w}", id: w{i}}}' for i, w in enumerate(workers)]
     weights = {
         "least-load": "{prefix: 0, ring: 0, load: 1, prefill: 0, fresh: 0, session: 0, kv: 0, adapter: 0}",
@@ -219,9 +219,10 @@ def run_one(procs, workload, config, workers, out_root, logs, token_file, time_s
     cell = workload if load is None else f"{workload}@{load}"
     out = os.path.join(out_root, cell, config)
     # vLLM's consistent_hash keys on X-User-ID (among other headers): each request's prefix
-    # group goes there; kvgate and SGLang's router ignore that header.
+    # group goes there; kvgate and SGLang's router ignore that header. kvgate answers
+    # `x-kvgate-debug` with its scores, which requests.csv keeps per request.
     cmd = [KVGATE, "bench", "--url", url, "--model", MODEL, "--out", out, "--quiet",
-           "--group-header", "x-user-id",
+           "--group-header", "x-user-id", "--header", "x-kvgate-debug: 1",
            "--label", f"config={config}", "--label", f"sim_time_scale={time_scale}",
            *at_load(WORKLOADS[workload], load)]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)

@@ -30,6 +30,8 @@ pub struct Outcome {
     pub cached_tokens: Option<u64>,
     /// The gateway's `x-kvgate-replica` header.
     pub replica: Option<String>,
+    /// The gateway's `x-kvgate-route` header (its scores, when asked with `x-kvgate-debug: 1`).
+    pub route: Option<String>,
     pub error: Option<String>,
 }
 
@@ -127,11 +129,14 @@ impl Client {
             }
         };
         out.status = resp.status().as_u16();
-        out.replica = resp
-            .headers()
-            .get("x-kvgate-replica")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
+        let header = |name| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        out.replica = header("x-kvgate-replica");
+        out.route = header("x-kvgate-route");
         let mut body = resp.into_body();
         let mut events = SseBuffer::default();
         while let Some(frame) = body.frame().await {

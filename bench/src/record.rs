@@ -27,6 +27,10 @@ pub struct RequestRecord {
     pub output_tokens: Option<u64>,
     pub cached_tokens: Option<u64>,
     pub replica: Option<String>,
+    /// The workload's prefix group (system prompt, session, first trace block).
+    pub group: Option<String>,
+    /// Why the gateway chose the replica, when it said (`x-kvgate-route`).
+    pub route: Option<String>,
     pub error: Option<String>,
 }
 

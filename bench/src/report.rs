@@ -24,19 +24,15 @@ pub fn write(dir: &Path, summary: &Summary, records: &[RequestRecord]) -> Result
 
 fn csv(records: &[RequestRecord]) -> String {
     let mut s = String::from(
-        "index,warmup,start_s,status,ttft_s,tpot_s,e2e_s,prompt_tokens,output_tokens,cached_tokens,replica,error\n",
+        "index,warmup,start_s,status,ttft_s,tpot_s,e2e_s,prompt_tokens,output_tokens,cached_tokens,replica,group,route,error\n",
     );
     let opt = |v: Option<f64>| v.map(|v| format!("{v:.6}")).unwrap_or_default();
     let num = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
+    let quoted = |v: &Option<String>| v.as_deref().unwrap_or("").replace(['"', '\n', '\r'], " ");
     for r in records {
-        let error = r
-            .error
-            .as_deref()
-            .unwrap_or("")
-            .replace(['"', '\n', '\r'], " ");
         let _ = writeln!(
             s,
-            "{},{},{:.6},{},{},{},{:.6},{},{},{},{},\"{}\"",
+            "{},{},{:.6},{},{},{},{:.6},{},{},{},{},{},\"{}\",\"{}\"",
             r.index,
             r.warmup,
             r.start_s,
@@ -48,7 +44,9 @@ fn csv(records: &[RequestRecord]) -> String {
             num(r.output_tokens),
             num(r.cached_tokens),
             r.replica.as_deref().unwrap_or(""),
-            error
+            r.group.as_deref().unwrap_or(""),
+            quoted(&r.route),
+            quoted(&r.error)
         );
     }
     s

@@ -179,6 +179,8 @@ impl JobRunner {
                 output_tokens: out.output_tokens,
                 cached_tokens: out.cached_tokens,
                 replica: out.replica,
+                group: job.group.clone(),
+                route: out.route,
                 error: out.error,
             };
             let failed = !record.ok();
