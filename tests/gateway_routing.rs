@@ -137,8 +137,8 @@ async fn a_shared_prefix_sticks_to_one_replica_until_it_is_saturated() {
     );
     assert!(on_owner < 9, "a saturated owner must spill: {landed:?}");
     // Past its bounded-load cap the owner still has the least prefill ahead (it holds the
-    // prompt), so only the imbalance guard stops it: 3 x (the idlest's in flight + 1), which
-    // is 3 until both others have a request and 6 after.
+    // prompt), so only the imbalance guard stops it: 3 x (the idlest's in flight + 1) or a
+    // whole-prompt holder's cap, whichever is more; with 9 requests on 3 replicas, 6 at most.
     assert!(
         on_owner <= 6,
         "the owner exceeded the imbalance guard: {landed:?}"

@@ -58,6 +58,12 @@ WORKLOADS = {
 # The same shared-prefix traffic with KV for a quarter of its system prompts per replica (all
 # of them across the fleet): the regime prefix-aware routing is for.
 WORKLOADS["shared-prefix-small-kv"] = WORKLOADS["shared-prefix"]
+# Every prompt under one system prompt: where a purely cache-aware router sends everything to
+# the first replica that holds it, and the imbalance guard must spread the load.
+WORKLOADS["one-system-prompt"] = ["--workload", "shared-prefix", "--groups", "1",
+                                  "--prompts-per-group", "288", "--system-len", "1024",
+                                  "--question-len", "128", "--output-len", "64",
+                                  "--concurrency", "32", "--requests", "288", "--warmup", "32"]
 # KV blocks (16 tokens) per worker: small for the synthetic workloads; for the trace, sized like
 # an H200 serving an 8B model (~0.5M tokens of its ~1M), since its working set (1.5M tokens
 # over 1,200 requests) is what it tests.

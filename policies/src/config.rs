@@ -18,9 +18,10 @@ pub struct PolicyConfig {
     /// `ceil((load_factor + cached_load_bonus * f) * (in_flight + 1) / healthy)`. Cold
     /// placement keeps the tight bound. 0 turns it off.
     pub cached_load_bonus: f64,
-    /// ... and no cap exceeds `imbalance_factor * (in_flight + 1)` of the least-loaded healthy
-    /// replica: without it, replicas holding a prefix every prompt shares could take all the
-    /// traffic while one that does not hold it idles. 0 turns it off; else at least 1.
+    /// The hard bound every signal yields to: `imbalance_factor * (in_flight + 1)` of the
+    /// least-loaded healthy replica, or a whole-prompt holder's cap if that is more. Without
+    /// it, replicas holding a prefix every prompt shares could take all the traffic while one
+    /// that does not hold it idles. 0 turns it off; else at least 1.
     pub imbalance_factor: f64,
     /// Virtual nodes per replica on the consistent-hash ring.
     pub ring_vnodes: u32,

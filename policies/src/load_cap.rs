@@ -48,7 +48,7 @@ pub(crate) struct LoadCaps<'a> {
     held: &'a [f64],
     least_held: f64,
     blocks: f64,
-    /// `imbalance_factor` times the idlest replica's in flight plus one.
+    /// The imbalance guard (see [`LoadCaps::guard`]).
     imbalance: u32,
     /// The cap for cold placement.
     pub bound: u32,
@@ -62,12 +62,6 @@ impl<'a> LoadCaps<'a> {
         held: &'a [f64],
         blocks: usize,
     ) -> Self {
-        let imbalance = if config.imbalance_factor > 0.0 && fleet.healthy > 0 {
-            let cap = (config.imbalance_factor * f64::from(fleet.idlest.saturating_add(1))).ceil();
-            (cap as u32).max(1)
-        } else {
-            u32::MAX
-        };
         let mut caps = LoadCaps {
             config,
             total: (fleet.in_flight + 1) as f64,
@@ -75,22 +69,34 @@ impl<'a> LoadCaps<'a> {
             held,
             least_held: fleet.least_held,
             blocks: blocks.max(1) as f64,
-            imbalance,
+            imbalance: u32::MAX,
             bound: 0,
         };
         caps.bound = caps.with_factor(config.load_factor);
+        if config.imbalance_factor > 0.0 && fleet.healthy > 0 {
+            // Never under the cap of a replica holding the whole prompt: when one replica has
+            // just drained (idlest 0 or 1 after a burst), `imbalance_factor * (idlest + 1)`
+            // is under the fleet's fair share, and every home would spill its group (a full
+            // prefill each) to it.
+            let idle = (config.imbalance_factor * f64::from(fleet.idlest.saturating_add(1))).ceil();
+            let holder = caps.with_factor(config.load_factor + config.cached_load_bonus);
+            caps.imbalance = (idle as u32).max(holder);
+        }
         caps
     }
 
-    /// The imbalance guard: no replica takes more, whatever it holds (`u32::MAX` when off).
+    /// The imbalance guard: no replica takes more, whatever it holds (`u32::MAX` when off):
+    /// `imbalance_factor` times the idlest replica's in flight plus one, or a whole-prompt
+    /// holder's cap if that is higher.
     pub fn guard(&self) -> u32 {
         self.imbalance
     }
 
-    /// `ceil(factor * total / healthy)`, at least 1, and never over the imbalance cap.
+    /// `ceil(factor * total / healthy)`, at least 1 (never over the guard, which is at least
+    /// a whole-prompt holder's cap).
     fn with_factor(&self, factor: f64) -> u32 {
         let cap = ((factor * self.total) / self.healthy).ceil() as u32;
-        cap.max(1).min(self.imbalance)
+        cap.max(1)
     }
 
     /// A replica's cap: the cold bound, raised by `cached_load_bonus` for the share of the

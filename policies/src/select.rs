@@ -545,22 +545,41 @@ mod tests {
             imbalance_factor,
             ..Default::default()
         };
-        let shared = features(3, &[1, 2, 3]);
-        let busy = view(&[0, 5, 6, 5]);
-        for (factor, expected) in [(2.0, Some(0)), (0.0, None)] {
+        let shared = RequestFeatures {
+            prompt_tokens: 1_000,
+            ..features(3, &[1, 2, 3])
+        };
+        let busy = view(&[1, 4, 1, 1]);
+        for factor in [2.0, 0.0] {
             let mut p = policy_with(4, config(factor));
-            for holder in 1..4 {
-                p.record(ReplicaId(holder), &shared);
-            }
-            let d = p.select(&shared, FleetView { replicas: &busy });
-            let pick = d.ranked[0].replica.0;
-            match expected {
-                // 5 and 6 in flight against an idle replica: over 2 x (0 + 1).
-                Some(idle) => assert_eq!(pick, idle),
-                // Without the guard the holders keep it (under ceil(1.75 * 17 / 4) = 8).
-                None => assert_ne!(pick, 0),
+            p.record(ReplicaId(1), &shared);
+            let pick = p.select(&shared, FleetView { replicas: &busy }).ranked[0].replica;
+            if factor > 0.0 {
+                // 4 in flight is 2 x (1 + 1), and a holder's cap is ceil(1.75 * 8 / 4) = 4.
+                assert_ne!(pick, ReplicaId(1));
+            } else {
+                // Without the guard the holder keeps it: at its cap, it still has the least
+                // to prefill.
+                assert_eq!(pick, ReplicaId(1));
             }
         }
+    }
+
+    #[test]
+    fn the_guard_is_never_below_a_holders_cap() {
+        // One replica has just drained (0 in flight) while the home has 11: 3 x (0 + 1) would
+        // make it spill, and so would the cold bound ceil(1.25 * 30 / 4) = 10, but a replica
+        // holding the whole prompt may carry ceil(1.75 * 30 / 4) = 14.
+        let mut p = policy(4);
+        let shared = features(3, &[1, 2, 3]);
+        p.record(ReplicaId(1), &shared);
+        let d = p.select(
+            &shared,
+            FleetView {
+                replicas: &view(&[0, 11, 9, 9]),
+            },
+        );
+        assert_eq!(d.ranked[0].replica, ReplicaId(1));
     }
 
     #[test]
@@ -660,15 +679,15 @@ mod tests {
                 p.record_choice(&pick, &f);
                 let i = pick.replica.0 as usize;
                 loads[i] += 1;
-                let factor = if pick.prefix_blocks > 0.0 { c + bonus } else { c };
-                let cap = ((factor * (k + 1) as f64 / f64::from(n)).ceil() as u32).max(1);
+                let cap_at = |factor: f64| ((factor * (k + 1) as f64 / f64::from(n)).ceil() as u32).max(1);
+                let cap = cap_at(if pick.prefix_blocks > 0.0 { c + bonus } else { c });
                 prop_assert!(pick.load_cap <= cap);
                 if prefill == 0.0 {
                     prop_assert!(loads[i] <= cap, "load {} over cap {}", loads[i], cap);
                 }
                 if imbalance > 0.0 {
-                    let guard = (imbalance * f64::from(least + 1)).ceil() as u32;
-                    prop_assert!(loads[i] <= guard, "load {} over {}x the idlest", loads[i], imbalance);
+                    let guard = ((imbalance * f64::from(least + 1)).ceil() as u32).max(cap_at(c + bonus));
+                    prop_assert!(loads[i] <= guard, "load {} over {}x the idlest or a holder's cap", loads[i], imbalance);
                 }
             }
         }
