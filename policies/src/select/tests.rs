@@ -1,0 +1,343 @@
+//! Ranking tests: prefix, ring, load caps, the imbalance guard, the prefill signal, and the
+//! properties (bounded load, deterministic and complete rankings).
+
+use super::*;
+use crate::ReplicaView;
+use proptest::prelude::*;
+
+fn policy(n: u32) -> Policy {
+    policy_with(n, PolicyConfig::default())
+}
+
+fn policy_with(n: u32, config: PolicyConfig) -> Policy {
+    let mut p = Policy::new(config);
+    let names: Vec<String> = (0..n).map(|i| format!("http://replica-{i}")).collect();
+    let members: Vec<(ReplicaId, &str)> = names
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (ReplicaId(i as u32), s.as_str()))
+        .collect();
+    p.set_members(&members);
+    p
+}
+
+fn view(loads: &[u32]) -> Vec<ReplicaView> {
+    loads
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| ReplicaView {
+            id: ReplicaId(i as u32),
+            healthy: true,
+            in_flight: l,
+            max_in_flight: None,
+            waiting: 0,
+            prefill_backlog: 0,
+            stale: false,
+            kv_usage: None,
+            adapter_fit: 0.0,
+        })
+        .collect()
+}
+
+/// Routes `f` on an idle three-replica fleet and records the choice: its home.
+fn place_on_idle(p: &mut Policy, f: &RequestFeatures) -> ReplicaId {
+    let home = p
+        .select(
+            f,
+            FleetView {
+                replicas: &view(&[0, 0, 0]),
+            },
+        )
+        .ranked[0]
+        .replica;
+    p.record(home, f);
+    home
+}
+
+fn features(key: u64, chunks: &[u64]) -> RequestFeatures {
+    RequestFeatures {
+        prefix_chunks: chunks.to_vec(),
+        ring_key: key,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_session_keeps_its_replica_until_saturation_or_expiry() {
+    let mut p = policy(4);
+    let mut fleet = view(&[0, 0, 0, 0]);
+    let turn = |key: u64, now_ms: u64| RequestFeatures {
+        session: Some(77),
+        now_ms,
+        ..features(key, &[key])
+    };
+    let first = p.select(&turn(1, 0), FleetView { replicas: &fleet });
+    let home = first.ranked[0].replica;
+    p.record(home, &turn(1, 0));
+    // Unrelated prompts (other ring owners, no shared prefix) follow the session.
+    for (i, key) in (2..12u64).enumerate() {
+        let f = turn(key * 7919, 1000 * i as u64);
+        let d = p.select(&f, FleetView { replicas: &fleet });
+        assert_eq!(d.ranked[0].replica, home, "turn {i}");
+        assert_eq!(d.ranked[0].signals.session, 1.0);
+        p.record(home, &f);
+    }
+    // Saturated: the session yields.
+    fleet[home.0 as usize].in_flight = 10;
+    let d = p.select(&turn(5, 20_000), FleetView { replicas: &fleet });
+    assert_ne!(d.ranked[0].replica, home);
+    // Idle past the TTL: the binding is gone.
+    fleet[home.0 as usize].in_flight = 0;
+    let late = 20_000 + p.config().session_ttl_ms;
+    let d = p.select(&turn(5, late), FleetView { replicas: &fleet });
+    assert!(d.ranked.iter().all(|c| c.signals.session == 0.0));
+}
+
+#[test]
+fn cold_prefix_goes_to_the_ring_owner_and_warm_prefix_sticks() {
+    let mut p = policy(4);
+    let fleet = view(&[0, 0, 0, 0]);
+    let f = features(12345, &[1, 2, 3]);
+    let first = p.select(&f, FleetView { replicas: &fleet });
+    let owner = first.ranked[0].replica;
+    assert_eq!(first.ranked[0].signals.ring, 1.0);
+    p.record(owner, &f);
+    // Same prefix, different ring key (e.g. a different suffix): the prefix holder wins.
+    let again = p.select(
+        &features(999, &[1, 2, 3, 4]),
+        FleetView { replicas: &fleet },
+    );
+    assert_eq!(again.ranked[0].replica, owner);
+    assert_eq!(again.ranked[0].signals.prefix, 0.75);
+}
+
+#[test]
+fn saturated_holder_yields_its_prefix() {
+    let mut p = policy(3);
+    let f = features(7, &[1, 2]);
+    let idle = view(&[0, 0, 0]);
+    let owner = p.select(&f, FleetView { replicas: &idle }).ranked[0].replica;
+    p.record(owner, &f);
+    let mut loads = [0u32; 3];
+    loads[owner.0 as usize] = 5; // bound = ceil(1.25 * 6 / 3) = 3
+    let busy = view(&loads);
+    let d = p.select(&f, FleetView { replicas: &busy });
+    assert_eq!(d.load_bound, 3);
+    assert_ne!(d.ranked[0].replica, owner);
+    let held = d.ranked.iter().find(|c| c.replica == owner).unwrap();
+    assert!(held.saturated && held.signals.prefix == 0.0);
+}
+
+#[test]
+fn cached_load_bonus_keeps_a_prompt_home_past_the_cold_bound() {
+    let config = PolicyConfig {
+        cached_load_bonus: 0.5,
+        imbalance_factor: 0.0,
+        ..Default::default()
+    };
+    let mut p = policy_with(3, config);
+    let f = features(7, &[1, 2]);
+    let home = place_on_idle(&mut p, &f);
+    let loads_with_home_at = |load: u32| {
+        let mut loads = [3u32; 3];
+        loads[home.0 as usize] = load;
+        view(&loads)
+    };
+    // 7 in flight: over the cold bound ceil(1.25 * 14 / 3) = 6, under the home's cap
+    // ceil((1.25 + 0.5) * 14 / 3) = 9.
+    let d = p.select(
+        &f,
+        FleetView {
+            replicas: &loads_with_home_at(7),
+        },
+    );
+    assert_eq!(d.load_bound, 6);
+    assert_eq!((d.ranked[0].replica, d.ranked[0].load_cap), (home, 9));
+    assert!(d.ranked[1..].iter().all(|c| c.load_cap == 6));
+    // 10 in flight reaches its cap, ceil(1.75 * 17 / 3) = 10: the prompt spills.
+    let d = p.select(
+        &f,
+        FleetView {
+            replicas: &loads_with_home_at(10),
+        },
+    );
+    assert_ne!(d.ranked[0].replica, home);
+    // A prompt nobody holds is placed under the cold bound everywhere.
+    let cold = p.select(
+        &features(8, &[5, 6]),
+        FleetView {
+            replicas: &loads_with_home_at(7),
+        },
+    );
+    assert!(cold.ranked.iter().all(|c| c.load_cap == 6));
+}
+
+#[test]
+fn a_replica_without_the_shared_prefix_does_not_starve() {
+    let config = |imbalance_factor| PolicyConfig {
+        imbalance_factor,
+        ..Default::default()
+    };
+    let shared = RequestFeatures {
+        prompt_tokens: 1_000,
+        ..features(3, &[1, 2, 3])
+    };
+    let busy = view(&[1, 4, 1, 1]);
+    for factor in [2.0, 0.0] {
+        let mut p = policy_with(4, config(factor));
+        p.record(ReplicaId(1), &shared);
+        let pick = p.select(&shared, FleetView { replicas: &busy }).ranked[0].replica;
+        if factor > 0.0 {
+            // 4 in flight is 2 x (1 + 1), and a holder's cap is ceil(1.75 * 8 / 4) = 4.
+            assert_ne!(pick, ReplicaId(1));
+        } else {
+            // Without the guard the holder keeps it: at its cap, it still has the least
+            // to prefill.
+            assert_eq!(pick, ReplicaId(1));
+        }
+    }
+}
+
+#[test]
+fn the_guard_is_never_below_a_holders_cap() {
+    // One replica has just drained (0 in flight) while the home has 11: 3 x (0 + 1) would
+    // make it spill, and so would the cold bound ceil(1.25 * 30 / 4) = 10, but a replica
+    // holding the whole prompt may carry ceil(1.75 * 30 / 4) = 14.
+    let mut p = policy(4);
+    let shared = features(3, &[1, 2, 3]);
+    p.record(ReplicaId(1), &shared);
+    let d = p.select(
+        &shared,
+        FleetView {
+            replicas: &view(&[0, 11, 9, 9]),
+        },
+    );
+    assert_eq!(d.ranked[0].replica, ReplicaId(1));
+}
+
+#[test]
+fn a_prefill_backlog_steers_a_cold_prompt_past_its_ring_owner() {
+    let p = policy(3);
+    let f = RequestFeatures {
+        prompt_tokens: 2_000,
+        ..features(7, &[1, 2, 3, 4])
+    };
+    let idle = view(&[1, 1, 1]);
+    let owner = p.select(&f, FleetView { replicas: &idle }).ranked[0].replica;
+    // As many requests everywhere, but the owner is prefilling a long document.
+    let mut busy = idle.clone();
+    busy[owner.0 as usize].prefill_backlog = 30_000;
+    let d = p.select(&f, FleetView { replicas: &busy });
+    assert_ne!(d.ranked[0].replica, owner);
+    assert_eq!(d.ranked[0].signals.prefill, 1.0);
+    assert_eq!(d.ranked[0].prefill_tokens, 2_000);
+    let o = d.ranked.iter().find(|c| c.replica == owner).unwrap();
+    assert_eq!(o.signals.ring, 1.0);
+    assert!(o.signals.prefill < 0.2, "{}", o.signals.prefill);
+}
+
+#[test]
+fn a_held_prompt_outweighs_a_short_backlog() {
+    let mut p = policy(3);
+    let f = RequestFeatures {
+        prompt_tokens: 1_000,
+        ..features(7, &[1, 2, 3, 4])
+    };
+    let home = place_on_idle(&mut p, &f);
+    let mut fleet = view(&[1, 1, 1]);
+    fleet[home.0 as usize].prefill_backlog = 500;
+    // Another ring key: only what the replicas hold tells them apart.
+    let again = RequestFeatures {
+        ring_key: 999,
+        ..f.clone()
+    };
+    let d = p.select(&again, FleetView { replicas: &fleet });
+    assert_eq!(d.ranked[0].replica, home);
+    assert_eq!(d.ranked[0].prefill_tokens, 0);
+    // 500 tokens ahead at home against 1,000 to compute anywhere else.
+    assert_eq!(d.ranked[0].signals.prefill, 1.0);
+    assert_eq!(d.ranked[1].signals.prefill, 0.75);
+}
+
+#[test]
+fn unhealthy_replicas_are_filtered_and_an_empty_fleet_ranks_nothing() {
+    let p = policy(2);
+    let mut fleet = view(&[0, 0]);
+    fleet[0].healthy = false;
+    let d = p.select(&features(1, &[]), FleetView { replicas: &fleet });
+    assert_eq!(
+        d.ranked.iter().map(|c| c.replica).collect::<Vec<_>>(),
+        vec![ReplicaId(1)]
+    );
+    fleet[1].healthy = false;
+    assert!(p
+        .select(&features(1, &[]), FleetView { replicas: &fleet })
+        .ranked
+        .is_empty());
+}
+
+proptest! {
+    /// Bounded load: routing each new request to the top candidate and counting it in
+    /// flight never pushes a replica past ceil(c * total / n) for cold prefixes, nor past
+    /// ceil((c + bonus) * total / n) where it holds the prompt, unless the prefill signal
+    /// (load in tokens) keeps it there; and nothing, whatever the prefill backlogs, pushes
+    /// a replica past the imbalance guard.
+    #[test]
+    fn bounded_load_holds(
+        requests in prop::collection::vec((any::<u64>(), 0u64..6, 0u64..20_000), 1..200),
+        n in 1u32..9,
+        bonus in prop::sample::select(vec![0.0, 0.5, 1.0]),
+        imbalance in prop::sample::select(vec![0.0, 2.0, 3.0]),
+        prefill in prop::sample::select(vec![0.0, 6.0]),
+    ) {
+        let mut config = PolicyConfig { cached_load_bonus: bonus, imbalance_factor: imbalance, ..Default::default() };
+        config.weights.prefill = prefill;
+        let mut p = policy_with(n, config);
+        let c = p.config().load_factor;
+        let mut loads = vec![0u32; n as usize];
+        let mut backlogs = vec![0u64; n as usize];
+        for (k, &(key, group, backlog)) in requests.iter().enumerate() {
+            // Group 0 is a cold, unshared prompt; the others recur.
+            let chunks: Vec<u64> = if group == 0 { vec![] } else { vec![group, group + 100] };
+            let f = RequestFeatures { prompt_tokens: 1_000, ..features(key, &chunks) };
+            // Prefill backlogs unrelated to the request counts: the bound holds anyway.
+            backlogs[k % n as usize] = backlog;
+            let mut fleet = view(&loads);
+            for (r, &b) in fleet.iter_mut().zip(&backlogs) {
+                r.prefill_backlog = b;
+            }
+            let least = *loads.iter().min().unwrap();
+            let d = p.select(&f, FleetView { replicas: &fleet });
+            let pick = d.ranked[0];
+            p.record_choice(&pick, &f);
+            let i = pick.replica.0 as usize;
+            loads[i] += 1;
+            let cap_at = |factor: f64| ((factor * (k + 1) as f64 / f64::from(n)).ceil() as u32).max(1);
+            let cap = cap_at(if pick.prefix_blocks > 0.0 { c + bonus } else { c });
+            prop_assert!(pick.load_cap <= cap);
+            if prefill == 0.0 {
+                prop_assert!(loads[i] <= cap, "load {} over cap {}", loads[i], cap);
+            }
+            if imbalance > 0.0 {
+                let guard = ((imbalance * f64::from(least + 1)).ceil() as u32).max(cap_at(c + bonus));
+                prop_assert!(loads[i] <= guard, "load {} over {}x the idlest or a holder's cap", loads[i], imbalance);
+            }
+        }
+    }
+
+    #[test]
+    fn ranking_is_deterministic_and_complete(key in any::<u64>(), loads in prop::collection::vec(0u32..10, 1..12)) {
+        let p = policy(loads.len() as u32);
+        let fleet = view(&loads);
+        let a = p.select(&features(key, &[]), FleetView { replicas: &fleet });
+        let b = p.select(&features(key, &[]), FleetView { replicas: &fleet });
+        prop_assert_eq!(&a, &b);
+        let mut ranked: Vec<u32> = a.ranked.iter().map(|c| c.replica.0).collect();
+        ranked.sort();
+        prop_assert_eq!(ranked, (0..loads.len() as u32).collect::<Vec<_>>());
+        for top in 0..=loads.len() + 1 {
+            let head = p.select_top(&features(key, &[]), FleetView { replicas: &fleet }, top);
+            prop_assert_eq!(&head.ranked[..], &a.ranked[..top.min(loads.len())]);
+        }
+    }
+}
