@@ -84,7 +84,15 @@ async fn follow_events(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replaying_kv_events_reconstructs_the_cached_block_set() {
     // 300 blocks of 16 tokens: far less than the workload, so blocks are evicted constantly.
-    let w = SimWorker::start(&["--time-scale", "0.001", "--num-blocks", "300"]).await;
+    let w = SimWorker::start(&[
+        "--time-scale",
+        "0.001",
+        "--num-blocks",
+        "300",
+        "--max-model-len",
+        "4800",
+    ])
+    .await;
     let state = std::sync::Arc::new(tokio::sync::Mutex::new((HashSet::new(), 0u64, 0usize)));
     let follower = tokio::spawn(follow_events(w.url(), 1, state.clone()));
     let mut tasks = tokio::task::JoinSet::new();
@@ -237,7 +245,15 @@ async fn bad_input_gets_clear_errors() {
 async fn kv_exhaustion_queues_and_preempts_but_every_request_completes() {
     // 40 blocks = 640 tokens; 12 requests that each grow to 300 tokens. Slow enough (about
     // 0.1 s a request) that they overlap however the test machine schedules their arrival.
-    let w = SimWorker::start(&["--num-blocks", "40", "--time-scale", "0.25"]).await;
+    let w = SimWorker::start(&[
+        "--num-blocks",
+        "40",
+        "--max-model-len",
+        "640",
+        "--time-scale",
+        "0.25",
+    ])
+    .await;
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..12u32 {
         let url = w.url();
@@ -273,6 +289,72 @@ async fn kv_exhaustion_queues_and_preempts_but_every_request_completes() {
     assert!(metrics.contains("vllm:num_preemptions_total"));
     assert!(metrics.contains("vllm:kv_cache_usage_perc"));
     assert!(metrics.contains("vllm:num_requests_waiting"));
+}
+
+#[test]
+fn a_kv_cache_below_the_context_length_is_refused_at_start() {
+    // 64 blocks hold 1,024 tokens; the model's context is 8,192: a request growing past the
+    // cache would be preempted for ever, so the worker must not start.
+    let out = kvgate()
+        .args([
+            "worker",
+            "--backend",
+            "sim",
+            "--port",
+            &free_port().to_string(),
+        ])
+        .args(["--num-blocks", "64"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("1024 tokens") && stderr.contains("--max-model-len"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_that_fill_the_context_all_finish_on_a_cache_of_one_context() {
+    // A cache of exactly one context: requests whose max_tokens fill it preempt each other,
+    // and every one of them still finishes (none parked in waiting for ever).
+    let w = SimWorker::start(&[
+        "--num-blocks",
+        "64",
+        "--max-model-len",
+        "1024",
+        "--time-scale",
+        "0.02",
+    ])
+    .await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..6u32 {
+        let url = w.url();
+        tasks.spawn(async move {
+            let prompt: Vec<u32> = (0..24).map(|k| 500 + i * 50 + k).collect();
+            post(
+                &url,
+                "/v1/completions",
+                &tokens_prompt(&prompt, 1000, false),
+            )
+            .await
+        });
+    }
+    let all = tokio::time::timeout(Duration::from_secs(120), async {
+        while let Some(r) = tasks.join_next().await {
+            let (s, v) = r.unwrap();
+            assert_eq!(s, 200, "{v}");
+            assert_eq!(v["usage"]["completion_tokens"], 1000);
+        }
+    })
+    .await;
+    assert!(all.is_ok(), "a request hung: {}", w.get("/stats").await);
+    assert!(
+        w.get("/stats").await["engine"]["preemptions"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -372,7 +372,9 @@ def start_workers(procs, count, time_scale, blocks):
         port = free_port()
         procs.start(f"worker-{i}", [KVGATE, "worker", "--backend", "sim", "--port", str(port),
                                      "--served-model-name", MODEL, "--time-scale", str(time_scale),
-                                     "--num-blocks", str(blocks)])
+                                     "--num-blocks", str(blocks),
+                                     # A worker refuses a context its KV cannot hold.
+                                     "--max-model-len", str(min(8192, blocks * 16))])
         workers.append(f"http://127.0.0.1:{port}")
     for w in workers:
         wait_ok(f"{w}/health")

@@ -46,7 +46,8 @@ fn main() {
             eos_token_ids: vec![],
         },
         CpuBackend::load(&path, &model, &config).unwrap(),
-    );
+    )
+    .unwrap();
     let isa = engine.backend().isa().name();
     let bytes_per_token = engine.backend().bytes_per_token();
     let mut id = 0u64;

@@ -47,7 +47,7 @@ impl Workload {
             eos_token_ids: vec![],
         };
         let mut w = Workload {
-            engine: Engine::new(config, SimBackend::new(profile, 17, 49152)),
+            engine: Engine::new(config, SimBackend::new(profile, 17, 49152)).unwrap(),
             next_id: 0,
         };
         // Fill the prefix cache: 2,048 finished prompts of 512 tokens.

@@ -55,7 +55,8 @@ fn backend(model: &ModelFile, threads: usize) -> CpuBackend {
         model,
         &CpuConfig {
             threads,
-            kv_cache_bytes: 64 << 20,
+            // Room for one request of the context length (2,048 tokens of 45 KiB).
+            kv_cache_bytes: 96 << 20,
             block_size: 16,
         },
     )
@@ -192,7 +193,7 @@ fn engine(model: &ModelFile, threads: usize) -> Engine<CpuBackend> {
         hash_seed: HashSeed::new("test", None, ""),
         eos_token_ids: model.prompt.tokenizer.eos_token_id.into_iter().collect(),
     };
-    Engine::new(config, backend(model, threads))
+    Engine::new(config, backend(model, threads)).unwrap()
 }
 
 fn greedy(max_tokens: u32) -> SamplingParams {

@@ -49,7 +49,7 @@ fn engine(num_blocks: usize, batched_tokens: usize, max_model_len: usize) -> Eng
         hash_seed: HashSeed::new("test", None, ""),
         eos_token_ids: vec![],
     };
-    Engine::new(config, SimBackend::new(profile(), 17, 49152))
+    Engine::new(config, SimBackend::new(profile(), 17, 49152)).unwrap()
 }
 
 fn request(id: u64, prompt: Vec<u32>, max_tokens: u32) -> NewRequest {
@@ -107,7 +107,7 @@ proptest! {
     /// at the end.
     #[test]
     fn kv_accounting_survives_any_sequence(ops in prop::collection::vec(op(), 1..120)) {
-        let mut e = engine(48, 128, 4096);
+        let mut e = engine(48, 128, 768);
         let mut next_id = 0u64;
         let mut live: Vec<u64> = Vec::new();
         for op in ops {
@@ -115,11 +115,8 @@ proptest! {
                 Op::Add { prefix, len, max_tokens } => {
                     // Prompts share one of four prefixes, so the prefix cache is exercised.
                     let prompt: Vec<u32> = (0..len as u32).map(|i| if i < 64 { u32::from(prefix) * 1000 + i } else { 50_000 + next_id as u32 + i }).collect();
-                    match e.add_request(request(next_id, prompt, max_tokens)) {
-                        Ok(()) => live.push(next_id),
-                        Err(EngineError::PromptExceedsCache { .. }) => {}
-                        Err(other) => panic!("{other}"),
-                    }
+                    e.add_request(request(next_id, prompt, max_tokens)).unwrap();
+                    live.push(next_id);
                     next_id += 1;
                 }
                 Op::Step => {
@@ -138,6 +135,43 @@ proptest! {
         let s = e.stats();
         prop_assert_eq!(s.kv_blocks_free, s.kv_blocks_total, "blocks leaked");
         prop_assert_eq!((s.running, s.waiting), (0, 0));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Requests that each grow up to the whole context, on a cache that holds exactly one of
+    /// that length: preemption may repeat, but every request finishes with all its tokens.
+    #[test]
+    fn every_request_finishes_on_a_contended_cache(
+        shapes in prop::collection::vec((1usize..320, 1u32..320, 0u8..3), 1..12),
+        batched in 16usize..400,
+    ) {
+        let mut e = engine(20, batched, 320);
+        let mut expected = Vec::new();
+        for (id, &(len, max_tokens, prefix)) in shapes.iter().enumerate() {
+            let len = len.min(319);
+            let max_tokens = max_tokens.min((320 - len) as u32);
+            let prompt: Vec<u32> = (0..len as u32).map(|i| u32::from(prefix) * 1000 + i % 50 + 17).collect();
+            e.add_request(request(id as u64, prompt, max_tokens)).unwrap();
+            expected.push(max_tokens as usize);
+        }
+        let mut produced = vec![0usize; shapes.len()];
+        let mut finished = 0;
+        for _ in 0..100_000 {
+            if !e.has_work() {
+                break;
+            }
+            for t in e.step().unwrap().tokens {
+                produced[t.id as usize] += 1;
+                finished += usize::from(t.finished.is_some());
+            }
+        }
+        prop_assert!(!e.has_work(), "the engine never drained: {:?}", e.stats());
+        prop_assert_eq!(finished, shapes.len());
+        prop_assert_eq!(produced, expected);
+        prop_assert_eq!(e.stats().kv_blocks_free, 20);
     }
 }
 
@@ -202,7 +236,7 @@ fn a_shared_prefix_is_served_from_the_cache() {
 
 #[test]
 fn a_full_cache_hit_still_computes_the_last_token() {
-    let mut e = engine(64, 512, 4096);
+    let mut e = engine(64, 512, 1024);
     let prompt: Vec<u32> = (0..64).map(|i| i + 17).collect(); // exactly 4 blocks
     e.add_request(request(1, prompt.clone(), 1)).unwrap();
     run_to_completion(&mut e);
@@ -218,7 +252,7 @@ fn a_full_cache_hit_still_computes_the_last_token() {
 #[test]
 fn kv_exhaustion_preempts_and_the_preempted_request_resumes() {
     // 20 blocks of 16: two requests growing to 170 tokens (11 blocks) each cannot both fit.
-    let mut e = engine(20, 256, 4096);
+    let mut e = engine(20, 256, 320);
     e.add_request(request(1, vec![17; 100], 70)).unwrap();
     e.add_request(request(2, vec![18; 100], 70)).unwrap();
     let mut preempted = 0;
@@ -253,17 +287,39 @@ fn bad_prompts_are_rejected_with_the_limit_and_the_length() {
         e.add_request(request(2, vec![], 1)).unwrap_err(),
         EngineError::EmptyPrompt
     );
-    let mut small = engine(8, 512, 1024);
-    let err = small
-        .add_request(request(3, vec![17; 1000], 1))
-        .unwrap_err();
+}
+
+#[test]
+fn a_cache_smaller_than_the_context_is_refused() {
+    // 8 blocks of 16 cannot hold one 1,024-token request: it would be preempted whenever it
+    // outgrew the cache, and wait for ever (with every request behind it).
+    let config = EngineConfig {
+        block_size: 16,
+        num_blocks: Some(8),
+        max_model_len: 1024,
+        prefix_caching: true,
+        scheduler: SchedulerConfig::default(),
+        hash_seed: HashSeed::new("test", None, ""),
+        eos_token_ids: vec![],
+    };
+    let err = Engine::new(config.clone(), SimBackend::new(profile(), 17, 49152))
+        .err()
+        .unwrap();
     assert_eq!(
         err,
-        EngineError::PromptExceedsCache {
-            needed: 63,
-            total: 8
+        EngineError::CacheBelowContext {
+            tokens: 128,
+            blocks: 8,
+            block_size: 16,
+            max_model_len: 1024
         }
     );
+    assert!(err.to_string().contains("at most 128"), "{err}");
+    let exact = EngineConfig {
+        max_model_len: 128,
+        ..config
+    };
+    assert!(Engine::new(exact, SimBackend::new(profile(), 17, 49152)).is_ok());
 }
 
 #[test]
@@ -305,7 +361,7 @@ fn the_priority_policy_admits_urgent_requests_first() {
     let config = EngineConfig {
         block_size: 16,
         num_blocks: Some(20),
-        max_model_len: 4096,
+        max_model_len: 320,
         prefix_caching: false,
         scheduler: SchedulerConfig {
             max_num_batched_tokens: 64,
@@ -316,7 +372,7 @@ fn the_priority_policy_admits_urgent_requests_first() {
         hash_seed: HashSeed::new("test", None, ""),
         eos_token_ids: vec![],
     };
-    let mut e = Engine::new(config, SimBackend::new(profile(), 17, 49152));
+    let mut e = Engine::new(config, SimBackend::new(profile(), 17, 49152)).unwrap();
     let add = |e: &mut Engine<SimBackend>, id: u64, priority: i32| {
         let params = SamplingParams {
             max_tokens: 2,

@@ -31,8 +31,13 @@ pub enum EngineError {
     EmptyPrompt,
     #[error("the prompt has {len} tokens, but the maximum context length is {limit} tokens (prompt plus at least one output token)")]
     PromptTooLong { len: usize, limit: usize },
-    #[error("the prompt needs {needed} KV blocks but the cache holds only {total}")]
-    PromptExceedsCache { needed: usize, total: usize },
+    #[error("the KV cache holds {tokens} tokens ({blocks} blocks of {block_size}), less than one request of the context length ({max_model_len} tokens): give it more memory or lower the context length to at most {tokens}")]
+    CacheBelowContext {
+        tokens: usize,
+        blocks: usize,
+        block_size: usize,
+        max_model_len: usize,
+    },
     #[error("request {0} already exists")]
     DuplicateId(RequestId),
 }
@@ -93,10 +98,21 @@ pub struct Engine<B: Backend> {
 }
 
 impl<B: Backend> Engine<B> {
-    pub fn new(config: EngineConfig, backend: B) -> Self {
+    /// Refuses a KV cache that cannot hold one request of the context length (as vLLM does):
+    /// such a request would be preempted whenever it outgrew the cache and never finish.
+    pub fn new(config: EngineConfig, backend: B) -> Result<Self, EngineError> {
         let num_blocks = config
             .num_blocks
             .unwrap_or_else(|| backend.kv_capacity_blocks(config.block_size));
+        let tokens = num_blocks.saturating_mul(config.block_size);
+        if tokens < config.max_model_len {
+            return Err(EngineError::CacheBelowContext {
+                tokens,
+                blocks: num_blocks,
+                block_size: config.block_size,
+                max_model_len: config.max_model_len,
+            });
+        }
         let kv = KvManager::new(
             num_blocks,
             config.block_size,
@@ -104,7 +120,7 @@ impl<B: Backend> Engine<B> {
             config.prefix_caching,
         );
         let sched = Scheduler::new(config.scheduler.clone());
-        Engine {
+        Ok(Engine {
             config,
             backend,
             kv,
@@ -112,7 +128,7 @@ impl<B: Backend> Engine<B> {
             requests: RequestMap::default(),
             arrivals: 0,
             stats: EngineStats::default(),
-        }
+        })
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -131,7 +147,8 @@ impl<B: Backend> Engine<B> {
         self.requests.get(&id)
     }
 
-    /// Validates and queues a request.
+    /// Validates and queues a request. Every request fits the cache alone at its longest (see
+    /// [`Engine::new`]), so a preempted one always runs again once the others are done.
     pub fn add_request(&mut self, new: NewRequest) -> Result<(), EngineError> {
         let len = new.prompt.len();
         if len == 0 {
@@ -141,13 +158,6 @@ impl<B: Backend> Engine<B> {
             return Err(EngineError::PromptTooLong {
                 len,
                 limit: self.config.max_model_len,
-            });
-        }
-        let needed = (len + 1).div_ceil(self.config.block_size);
-        if needed > self.kv.total_blocks() {
-            return Err(EngineError::PromptExceedsCache {
-                needed,
-                total: self.kv.total_blocks(),
             });
         }
         if self.requests.contains_key(&new.id) {

@@ -43,16 +43,26 @@ impl Shared {
     }
 }
 
-/// Starts the engine thread. The engine is built on it (its KV blocks are not shared across
-/// threads).
+/// Starts the engine thread and waits until the engine is built on it (its KV blocks are not
+/// shared across threads); an engine that cannot be built is the error.
 pub fn spawn(
-    make_engine: impl FnOnce() -> WorkerEngine + Send + 'static,
+    make_engine: impl FnOnce() -> Result<WorkerEngine, EngineError> + Send + 'static,
     time_scale: f64,
     mut commands: mpsc::Receiver<Command>,
     shared: Arc<Shared>,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new().name("engine".into()).spawn(move || {
-        let mut engine = make_engine();
+) -> Result<std::thread::JoinHandle<()>, String> {
+    let (built_tx, built_rx) = std::sync::mpsc::sync_channel(1);
+    let thread = std::thread::Builder::new().name("engine".into()).spawn(move || {
+        let mut engine = match make_engine() {
+            Ok(engine) => {
+                let _ = built_tx.send(Ok(()));
+                engine
+            }
+            Err(e) => {
+                let _ = built_tx.send(Err(e.to_string()));
+                return;
+            }
+        };
         let mut outputs: RequestMap<mpsc::Sender<TokenOutput>> = RequestMap::default();
         let mut last_stats = engine.stats();
         loop {
@@ -94,7 +104,13 @@ pub fn spawn(
             }
             publish_stats(&engine, &shared, &mut last_stats);
         }
-    })
+    });
+    let thread = thread.map_err(|e| format!("cannot start the engine thread: {e}"))?;
+    match built_rx.recv() {
+        Ok(Ok(())) => Ok(thread),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err("the engine thread ended while starting".into()),
+    }
 }
 
 /// Makes the engine's counters visible to `/stats` and `/metrics`.

@@ -265,10 +265,8 @@ async fn generate(ctx: Arc<Context>, req: Request<Incoming>, endpoint: Endpoint)
 
 fn engine_error(e: EngineError) -> ApiError {
     let param = match e {
-        EngineError::PromptTooLong { .. }
-        | EngineError::EmptyPrompt
-        | EngineError::PromptExceedsCache { .. } => Some("prompt"),
-        EngineError::DuplicateId(_) => None,
+        EngineError::PromptTooLong { .. } | EngineError::EmptyPrompt => Some("prompt"),
+        EngineError::DuplicateId(_) | EngineError::CacheBelowContext { .. } => None,
     };
     let error = ApiError::new(ErrorKind::InvalidRequest, e.to_string());
     match param {

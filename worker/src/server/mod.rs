@@ -119,7 +119,7 @@ pub fn run(config: WorkerConfig) -> Result<(), String> {
         rx,
         Arc::clone(&shared),
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| format!("{e} (flags: --kv-cache-mib or --num-blocks, --max-model-len)"))?;
     if config.adapters.max_loras() > 0 && !matches!(config.backend, BackendChoice::Sim { .. }) {
         return Err("LoRA adapters need adapter weights, which only the sim backend does without (the cpu backend cannot load them yet)".into());
     }
