@@ -13,6 +13,8 @@ use std::hint::black_box;
 use std::path::PathBuf;
 
 const BLOCK: usize = 16;
+/// Long enough for every prompt here.
+const CONTEXT: usize = 1 << 20;
 
 fn system_prompt() -> String {
     let facts = [
@@ -54,7 +56,7 @@ fn bench(c: &mut Criterion) {
     let system = system_prompt();
     let reqs = requests(&system, 512);
     let (ids, _) = model
-        .prompt_ids(Endpoint::Chat, &reqs[0])
+        .prompt_ids(Endpoint::Chat, &reqs[0], CONTEXT)
         .unwrap_or_else(|e| panic!("{}", e.message));
     println!(
         "prompt: {} tokens, {} blocks of {BLOCK}",
@@ -88,7 +90,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             i = (i + 1) % reqs.len();
             let (ids, _) = model
-                .prompt_ids(Endpoint::Chat, &reqs[i])
+                .prompt_ids(Endpoint::Chat, &reqs[i], CONTEXT)
                 .unwrap_or_default();
             black_box(block_hashes(seed, &ids, BLOCK))
         })

@@ -32,6 +32,8 @@ pub const DEFAULT_CACHED_TOKENS: usize = 1 << 20;
 pub struct PromptModel {
     pub tokenizer: Tokenizer,
     pub template: Option<ChatTemplate>,
+    /// The model's context length in tokens, where its file says (GGUF metadata).
+    pub context_length: Option<usize>,
     segments: SegmentCache,
 }
 
@@ -41,6 +43,7 @@ impl PromptModel {
         PromptModel {
             tokenizer,
             template,
+            context_length: None,
             segments,
         }
     }
@@ -58,7 +61,15 @@ impl PromptModel {
             ),
             Err(_) => None,
         };
-        Ok(PromptModel::new(tokenizer, template))
+        let context_length = gguf
+            .get_str("general.architecture")
+            .and_then(|arch| gguf.get_u64(&format!("{arch}.context_length")))
+            .ok()
+            .and_then(|n| usize::try_from(n).ok());
+        Ok(PromptModel {
+            context_length,
+            ..PromptModel::new(tokenizer, template)
+        })
     }
 
     /// From a GGUF file (metadata only is read), or a Hugging Face `tokenizer.json` (its chat

@@ -13,14 +13,43 @@ fn invalid(message: String, param: &str) -> ApiError {
 
 impl PromptModel {
     /// The prompt's token ids, and the request field they came from (for errors about them).
+    /// A prompt must leave room for one output token in `context_length`; text too long for
+    /// that whatever it says is refused before it is tokenized, since tokenizing costs time
+    /// and about a hundred times the text's size in memory.
     pub fn prompt_ids(
         &self,
         endpoint: Endpoint,
         r: &GenerationRequest,
+        context_length: usize,
     ) -> Result<(Vec<u32>, &'static str), ApiError> {
-        let encode = |text: &str| {
+        let max_tokens = context_length.saturating_sub(1);
+        let max_bytes = max_tokens.saturating_mul(self.tokenizer.max_token_bytes());
+        let fits = |bytes: usize, param: &str| {
+            if bytes <= max_bytes {
+                return Ok(());
+            }
+            Err(invalid(
+                format!(
+                    "the prompt has {bytes} bytes of text, more than the {max_tokens} tokens a context length of {context_length} leaves for it can hold (a token of this model covers at most {} bytes)",
+                    self.tokenizer.max_token_bytes()
+                ),
+                param,
+            ))
+        };
+        let encode = |text: &str, param: &str| {
+            fits(text.len(), param)?;
             self.encode(text)
                 .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))
+        };
+        let tokens = |ids: &[u32]| {
+            let vocab = self.tokenizer.vocab_size();
+            match ids.iter().find(|&&t| t >= vocab) {
+                Some(bad) => Err(invalid(
+                    format!("token id {bad} is outside the vocabulary (size {vocab})"),
+                    "prompt",
+                )),
+                None => Ok(ids.to_vec()),
+            }
         };
         let (ids, param) = match (endpoint, &r.messages, &r.prompt) {
             (Endpoint::Chat, Some(messages), _) => {
@@ -37,24 +66,17 @@ impl PromptModel {
                         content: m.content.as_ref().map(|c| c.text()).unwrap_or_default(),
                     })
                     .collect();
+                // The rendered prompt holds every message: checked before rendering it.
+                fits(messages.iter().map(|m| m.content.len()).sum(), "messages")?;
                 let text = template
                     .render(&messages)
                     .map_err(|e| invalid(e, "messages"))?;
-                (encode(&text)?, "messages")
+                (encode(&text, "messages")?, "messages")
             }
-            (_, _, Some(Prompt::Text(text))) => (encode(text)?, "prompt"),
-            (_, _, Some(Prompt::Tokens(ids))) => {
-                let vocab = self.tokenizer.vocab_size();
-                if let Some(bad) = ids.iter().find(|&&t| t >= vocab) {
-                    return Err(invalid(
-                        format!("token id {bad} is outside the vocabulary (size {vocab})"),
-                        "prompt",
-                    ));
-                }
-                (ids.clone(), "prompt")
-            }
-            (_, _, Some(Prompt::Texts(v))) if v.len() == 1 => (encode(&v[0])?, "prompt"),
-            (_, _, Some(Prompt::TokenLists(v))) if v.len() == 1 => (v[0].clone(), "prompt"),
+            (_, _, Some(Prompt::Text(text))) => (encode(text, "prompt")?, "prompt"),
+            (_, _, Some(Prompt::Tokens(ids))) => (tokens(ids)?, "prompt"),
+            (_, _, Some(Prompt::Texts(v))) if v.len() == 1 => (encode(&v[0], "prompt")?, "prompt"),
+            (_, _, Some(Prompt::TokenLists(v))) if v.len() == 1 => (tokens(&v[0])?, "prompt"),
             (_, _, Some(_)) => {
                 return Err(invalid(
                     "batched prompts are not supported: send one prompt per request".into(),
@@ -65,6 +87,15 @@ impl PromptModel {
         };
         if ids.is_empty() {
             return Err(invalid("the prompt is empty".into(), param));
+        }
+        if ids.len() > max_tokens {
+            return Err(invalid(
+                format!(
+                    "the prompt has {} tokens, but the maximum context length is {context_length} tokens (prompt plus at least one output token)",
+                    ids.len()
+                ),
+                param,
+            ));
         }
         Ok((ids, param))
     }

@@ -36,6 +36,9 @@ pub struct Tokenizer {
     pub eos_token_id: Option<u32>,
     /// Text of every token id, for stop-token and logprob output.
     tokens: Vec<String>,
+    /// The most bytes one token stands for: text longer than this many bytes a token cannot
+    /// fit in fewer tokens.
+    max_token_bytes: usize,
 }
 
 impl Tokenizer {
@@ -115,7 +118,23 @@ impl Tokenizer {
             bos_token_id: id("tokenizer.ggml.bos_token_id"),
             eos_token_id: id("tokenizer.ggml.eos_token_id"),
             tokens: tokens.iter().map(|s| s.to_string()).collect(),
-        })
+            max_token_bytes: 0,
+        }
+        .with_max_token_bytes())
+    }
+
+    fn with_max_token_bytes(mut self) -> Self {
+        self.max_token_bytes = (0..self.vocab_size)
+            .map(|id| self.token_bytes(id).len())
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        self
+    }
+
+    /// The most bytes of text one token covers.
+    pub fn max_token_bytes(&self) -> usize {
+        self.max_token_bytes
     }
 
     /// A Hugging Face `tokenizer.json`, and what the `tokenizer_config.json` beside it says
@@ -150,7 +169,9 @@ impl Tokenizer {
             vocab_size,
             special_ids,
             tokens,
-        };
+            max_token_bytes: 0,
+        }
+        .with_max_token_bytes();
         Ok((tokenizer, config))
     }
 

@@ -113,3 +113,76 @@ fn bad_files_are_clear_errors() {
     assert!(e.contains("absent.gguf"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+fn request(
+    endpoint: kvgate_protocol::openai::Endpoint,
+    body: serde_json::Value,
+) -> kvgate_protocol::openai::GenerationRequest {
+    kvgate_protocol::openai::GenerationRequest::parse(endpoint, body.to_string().as_bytes())
+        .unwrap()
+}
+
+#[test]
+fn text_too_long_for_the_context_is_refused_before_tokenizing() {
+    use kvgate_protocol::openai::Endpoint;
+    let m = model();
+    let most = 99 * m.tokenizer.max_token_bytes();
+    let text = |n: usize| "a".repeat(n);
+    let chat = |n: usize| {
+        request(
+            Endpoint::Chat,
+            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": text(n)}]}),
+        )
+    };
+    let e = m
+        .prompt_ids(Endpoint::Chat, &chat(most + 1), 100)
+        .unwrap_err();
+    assert!(e.message.contains("bytes of text"), "{}", e.message);
+    assert_eq!(e.param.as_deref(), Some("messages"));
+    // Within the byte bound, the token count decides.
+    let e = m
+        .prompt_ids(Endpoint::Chat, &chat(most - 200), 100)
+        .unwrap_err();
+    assert!(
+        e.message.contains("maximum context length is 100"),
+        "{}",
+        e.message
+    );
+    let ok = m.prompt_ids(Endpoint::Chat, &chat(10), 100).unwrap();
+    assert!(ok.0.len() < 100);
+    let completion = request(
+        Endpoint::Completions,
+        serde_json::json!({"model": "m", "prompt": [text(most + 1)]}),
+    );
+    let e = m
+        .prompt_ids(Endpoint::Completions, &completion, 100)
+        .unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("prompt"));
+    let tokens = request(
+        Endpoint::Completions,
+        serde_json::json!({"model": "m", "prompt": vec![17u32; 100]}),
+    );
+    assert!(m.prompt_ids(Endpoint::Completions, &tokens, 100).is_err());
+    assert!(m.prompt_ids(Endpoint::Completions, &tokens, 101).is_ok());
+}
+
+#[test]
+fn token_ids_outside_the_vocabulary_are_refused_in_every_layout() {
+    use kvgate_protocol::openai::Endpoint;
+    let m = model();
+    for prompt in [
+        serde_json::json!([5, 4_000_000]),
+        serde_json::json!([[5, 4_000_000]]),
+    ] {
+        let r = request(
+            Endpoint::Completions,
+            serde_json::json!({"model": "m", "prompt": prompt}),
+        );
+        let e = m.prompt_ids(Endpoint::Completions, &r, 1000).unwrap_err();
+        assert!(
+            e.message.contains("outside the vocabulary"),
+            "{}",
+            e.message
+        );
+    }
+}

@@ -53,6 +53,8 @@ pub struct Gateway {
     pub admission: Admission,
     pub metrics: Metrics,
     pub connector: Connector,
+    /// Large request bodies parsed (and tokenized) at once, each on a blocking thread.
+    pub parse_slots: tokio::sync::Semaphore,
 }
 
 /// A routing outcome: the replicas to try in order, the first already counted in flight.
@@ -94,6 +96,9 @@ impl Gateway {
             admission: Admission::default(),
             metrics,
             connector: Connector::new(None),
+            parse_slots: tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
+            ),
         };
         gateway.sync_policy_members();
         Ok(gateway)

@@ -13,7 +13,12 @@ pub struct TokenMode {
     pub prompt: PromptModel,
     /// The workers seed their block hashes with the served model name alone.
     pub seed: HashSeed,
+    /// Prompts must leave room for one output token in this many tokens.
+    pub context_length: usize,
 }
+
+/// Context length of a model whose config and file name none.
+const DEFAULT_CONTEXT_LENGTH: usize = 131_072;
 
 /// Token modes by model name.
 pub type TokenModes = BTreeMap<String, Arc<TokenMode>>;
@@ -29,10 +34,15 @@ pub fn load(config: &GatewayConfig, old: &TokenModes) -> Result<TokenModes, Vec<
         }
         match PromptModel::open(&t.path) {
             Ok(prompt) => {
+                let context_length = t
+                    .context_length
+                    .or(prompt.context_length)
+                    .unwrap_or(DEFAULT_CONTEXT_LENGTH);
                 let mode = TokenMode {
                     config: t.clone(),
                     prompt,
                     seed: HashSeed::new(&t.model, None, ""),
+                    context_length,
                 };
                 modes.insert(t.model.clone(), Arc::new(mode));
             }

@@ -102,6 +102,10 @@ pub struct TokenizerConfig {
     /// Tokens per KV block on the workers (`kvgate worker --block-size`).
     #[serde(default = "defaults::block_size")]
     pub block_size: usize,
+    /// Longest prompt plus output, in tokens: a longer prompt is refused with 400 before it is
+    /// tokenized in full. Default: the GGUF's context length, else 131,072.
+    #[serde(default)]
+    pub context_length: Option<usize>,
 }
 
 /// The agents' bearer token from `path` (surrounding whitespace trimmed; must not be empty).

@@ -39,6 +39,8 @@ pub fn resolve_url(url: &str) -> Result<Upstream, String> {
 
 /// Largest KV block accepted, in tokens.
 const MAX_BLOCK_SIZE: usize = 1024;
+/// Longest context accepted, in tokens.
+const MAX_CONTEXT_LENGTH: usize = 1 << 24;
 
 pub(super) fn validate(c: &GatewayConfig) -> Vec<ConfigError> {
     let mut errors = Vec::new();
@@ -129,6 +131,17 @@ pub(super) fn validate(c: &GatewayConfig) -> Vec<ConfigError> {
             err(
                 format!("tokenizers[{i}].block_size"),
                 format!("must be 1 to {MAX_BLOCK_SIZE}, got {}", t.block_size),
+            );
+        }
+        if t.context_length
+            .is_some_and(|n| !(2..=MAX_CONTEXT_LENGTH).contains(&n))
+        {
+            err(
+                format!("tokenizers[{i}].context_length"),
+                format!(
+                    "must be 2 to {MAX_CONTEXT_LENGTH}, got {}",
+                    t.context_length.unwrap_or(0)
+                ),
             );
         }
         if !t.path.is_file() {

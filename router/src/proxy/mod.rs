@@ -5,7 +5,7 @@ mod forward;
 pub mod request;
 pub mod respond;
 
-use crate::gateway::Gateway;
+use crate::gateway::{Gateway, Snapshot};
 use async_trait::async_trait;
 use body::BodyError;
 use forward::{Forward, Outcome};
@@ -168,13 +168,7 @@ impl ProxyApp {
         let session_id = session
             .get_header("x-session-id")
             .map(|v| v.as_bytes().to_vec());
-        let cx = request::ParseContext {
-            policy: &snapshot.config.policy,
-            tokenizers: &snapshot.tokenizers,
-            session_header: session_id.as_deref(),
-            now_ms: gateway.now_ms(),
-        };
-        let routed = match request::parse(endpoint, &body, &cx) {
+        let routed = match self.parse(endpoint, &body, &snapshot, session_id).await {
             Ok(r) => r,
             Err(error) => return self.reject(session, route_label, error, request_id).await,
         };
@@ -219,7 +213,45 @@ impl ProxyApp {
     }
 }
 
+/// Bodies up to this size are parsed and tokenized in place; larger ones on a blocking thread,
+/// since a cold prompt of some thousand tokens takes milliseconds, which would hold up every
+/// other request on this thread, and a hand-off costs more than a small body does.
+const PARSE_IN_PLACE_BYTES: usize = 16 << 10;
+
 impl ProxyApp {
+    async fn parse(
+        &self,
+        endpoint: Endpoint,
+        body: &bytes::Bytes,
+        snapshot: &Arc<Snapshot>,
+        session_id: Option<Vec<u8>>,
+    ) -> Result<request::RoutedRequest, ApiError> {
+        let now_ms = self.gateway.now_ms();
+        let parse = move |snap: &Snapshot, body: &[u8]| {
+            let cx = request::ParseContext {
+                policy: &snap.config.policy,
+                tokenizers: &snap.tokenizers,
+                session_header: session_id.as_deref(),
+                now_ms,
+            };
+            request::parse(endpoint, body, &cx)
+        };
+        if body.len() <= PARSE_IN_PLACE_BYTES {
+            return parse(snapshot, body);
+        }
+        let stopping = || ApiError::new(ErrorKind::Unavailable, "the gateway is stopping");
+        let _slot = self
+            .gateway
+            .parse_slots
+            .acquire()
+            .await
+            .map_err(|_| stopping())?;
+        let (snap, body) = (Arc::clone(snapshot), body.clone());
+        tokio::task::spawn_blocking(move || parse(&snap, &body))
+            .await
+            .map_err(|_| stopping())?
+    }
+
     /// Answers a request the gateway turns down itself.
     async fn reject(
         &self,

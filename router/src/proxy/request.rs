@@ -62,7 +62,9 @@ fn token_features(
     request: &GenerationRequest,
     policy: &PolicyConfig,
 ) -> Result<RequestFeatures, ApiError> {
-    let (ids, _) = mode.prompt.prompt_ids(endpoint, request)?;
+    let (ids, _) = mode
+        .prompt
+        .prompt_ids(endpoint, request, mode.context_length)?;
     let hashes = block_hashes(mode.seed, &ids, mode.config.block_size);
     let ring_key = match hashes.len() {
         0 => {

@@ -53,13 +53,7 @@ pub fn prepare(
         .with_param("model"));
     }
     let logprobs = r.requested_logprobs(endpoint)?;
-    let (prompt, param) = model.prompt.prompt_ids(endpoint, &r)?;
-    if prompt.len() >= max_model_len {
-        return Err(invalid(
-            format!("the prompt has {} tokens, but the maximum context length is {max_model_len} tokens", prompt.len()),
-            param,
-        ));
-    }
+    let (prompt, _) = model.prompt.prompt_ids(endpoint, &r, max_model_len)?;
     let room = (max_model_len - prompt.len()) as u32;
     let max_tokens = match (r.max_output_tokens(), endpoint) {
         (Some(0), _) => return Err(invalid("max_tokens must be at least 1".into(), "max_tokens")),

@@ -29,6 +29,8 @@ pub struct Context {
     pub commands: mpsc::Sender<Command>,
     pub shared: Arc<Shared>,
     pub next_id: AtomicU64,
+    /// Requests parsed and tokenized at once, each on a blocking thread (see [`apart`]).
+    pub prepare_slots: tokio::sync::Semaphore,
 }
 
 type Reply = Response<ChannelBody>;
@@ -129,27 +131,46 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// Runs `work` on a blocking thread, at most `prepare_slots` at once, so that parsing and
+/// tokenizing a long prompt (seconds of work) never holds up `/health` or other requests on
+/// the async threads.
+async fn apart<T: Send + 'static>(
+    ctx: &Arc<Context>,
+    work: impl FnOnce(&Context) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let stopped = || ApiError::new(ErrorKind::Unavailable, "the worker is stopping");
+    let _slot = ctx.prepare_slots.acquire().await.map_err(|_| stopped())?;
+    let ctx = Arc::clone(ctx);
+    tokio::task::spawn_blocking(move || work(&ctx))
+        .await
+        .map_err(|_| stopped())?
+}
+
 async fn generate(ctx: Arc<Context>, req: Request<Incoming>, endpoint: Endpoint) -> Reply {
     let body = match read_body(req).await {
         Ok(b) => b,
         Err(e) => return error(&e),
     };
-    let serves = |name: &str| {
-        name == ctx.served_name
-            || ctx
-                .adapters
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .admit(name)
-    };
-    let prepared = match prepare(
-        endpoint,
-        &body,
-        &ctx.model,
-        &ctx.served_name,
-        serves,
-        ctx.max_model_len,
-    ) {
+    let prepared = apart(&ctx, move |ctx| {
+        let serves = |name: &str| {
+            name == ctx.served_name
+                || ctx
+                    .adapters
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .admit(name)
+        };
+        prepare(
+            endpoint,
+            &body,
+            &ctx.model,
+            &ctx.served_name,
+            serves,
+            ctx.max_model_len,
+        )
+    })
+    .await;
+    let prepared = match prepared {
         Ok(p) => p,
         Err(e) => return error(&e),
     };
@@ -406,7 +427,7 @@ fn events(ctx: &Context, query: &str) -> Reply {
     with_type(Response::new(ChannelBody(rx)), "application/x-ndjson")
 }
 
-async fn tokenize(ctx: &Context, req: Request<Incoming>) -> Reply {
+async fn tokenize(ctx: &Arc<Context>, req: Request<Incoming>) -> Reply {
     #[derive(serde::Deserialize)]
     struct TokenizeRequest {
         prompt: String,
@@ -420,25 +441,36 @@ async fn tokenize(ctx: &Context, req: Request<Incoming>) -> Reply {
         Ok(b) => b,
         Err(e) => return error(&e),
     };
-    let r: TokenizeRequest = match kvgate_protocol::openai::deserialize(&body) {
-        Ok(r) => r,
-        Err(e) => return error(&e),
-    };
-    match ctx
-        .model
-        .prompt
-        .tokenizer
-        .encode(&r.prompt, r.add_special_tokens)
-    {
+    let tokens = apart(ctx, move |ctx| {
+        let r: TokenizeRequest = kvgate_protocol::openai::deserialize(&body)?;
+        let tokenizer = &ctx.model.prompt.tokenizer;
+        let most = ctx.max_model_len.saturating_mul(tokenizer.max_token_bytes());
+        if r.prompt.len() > most {
+            return Err(ApiError::new(
+                ErrorKind::InvalidRequest,
+                format!(
+                    "the prompt has {} bytes, more than a context of {} tokens can hold ({most} bytes)",
+                    r.prompt.len(),
+                    ctx.max_model_len
+                ),
+            )
+            .with_param("prompt"));
+        }
+        tokenizer
+            .encode(&r.prompt, r.add_special_tokens)
+            .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))
+    })
+    .await;
+    match tokens {
         Ok(tokens) => json(
             200,
             &serde_json::json!({ "count": tokens.len(), "max_model_len": ctx.max_model_len, "tokens": tokens }),
         ),
-        Err(e) => error(&ApiError::new(ErrorKind::Internal, e.to_string())),
+        Err(e) => error(&e),
     }
 }
 
-async fn detokenize(ctx: &Context, req: Request<Incoming>) -> Reply {
+async fn detokenize(ctx: &Arc<Context>, req: Request<Incoming>) -> Reply {
     #[derive(serde::Deserialize)]
     struct DetokenizeRequest {
         tokens: Vec<u32>,
@@ -447,23 +479,25 @@ async fn detokenize(ctx: &Context, req: Request<Incoming>) -> Reply {
         Ok(b) => b,
         Err(e) => return error(&e),
     };
-    let r: DetokenizeRequest = match kvgate_protocol::openai::deserialize(&body) {
-        Ok(r) => r,
-        Err(e) => return error(&e),
-    };
-    let vocab = ctx.model.prompt.tokenizer.vocab_size();
-    if let Some(bad) = r.tokens.iter().find(|&&t| t >= vocab) {
-        return error(
-            &ApiError::new(
+    let prompt = apart(ctx, move |ctx| {
+        let r: DetokenizeRequest = kvgate_protocol::openai::deserialize(&body)?;
+        let tokenizer = &ctx.model.prompt.tokenizer;
+        let vocab = tokenizer.vocab_size();
+        if let Some(bad) = r.tokens.iter().find(|&&t| t >= vocab) {
+            return Err(ApiError::new(
                 ErrorKind::InvalidRequest,
                 format!("token id {bad} is outside the vocabulary (size {vocab})"),
             )
-            .with_param("tokens"),
-        );
-    }
-    match ctx.model.prompt.tokenizer.decode(&r.tokens, false) {
+            .with_param("tokens"));
+        }
+        tokenizer
+            .decode(&r.tokens, false)
+            .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))
+    })
+    .await;
+    match prompt {
         Ok(prompt) => json(200, &serde_json::json!({ "prompt": prompt })),
-        Err(e) => error(&ApiError::new(ErrorKind::Internal, e.to_string())),
+        Err(e) => error(&e),
     }
 }
 

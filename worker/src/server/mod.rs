@@ -131,6 +131,9 @@ pub fn run(config: WorkerConfig) -> Result<(), String> {
         commands,
         shared,
         next_id: AtomicU64::new(1),
+        prepare_slots: tokio::sync::Semaphore::new(
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+        ),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

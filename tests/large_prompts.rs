@@ -1,0 +1,116 @@
+//! Large prompts against the worker and the gateway in token mode: text too long for the
+//! context is refused before it is tokenized, and a long prompt being tokenized never holds
+//! up `/health` or other requests.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::*;
+use std::time::Duration;
+
+/// A chat body whose user message is `bytes` long, made of common words.
+fn long_chat(bytes: usize) -> serde_json::Value {
+    let words = [
+        "the ", "quick ", "brown ", "fox ", "jumps ", "over ", "a ", "dog. ",
+    ];
+    let mut text = String::with_capacity(bytes + 8);
+    let mut i = 0;
+    while text.len() < bytes {
+        text.push_str(words[i % words.len()]);
+        i += 1;
+    }
+    serde_json::json!({ "model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 4 })
+}
+
+async fn post(url: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    let r = reqwest::Client::builder()
+        .timeout(Duration::from_secs(300))
+        .build()
+        .unwrap()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or_default())
+}
+
+/// Sends a long prompt (one the byte bound lets through, so it is tokenized in full, which
+/// takes a while in a debug build) and asks `/health` meanwhile: the answer must come while
+/// the long prompt is still being worked on.
+async fn health_answers_during_a_long_prompt(url: &str) {
+    let big = tokio::spawn({
+        let url = url.to_string();
+        async move { post(&url, &long_chat(600_000)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let health = reqwest::Client::new()
+        .get(format!("{url}/health"))
+        .timeout(Duration::from_secs(120))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    assert!(
+        !big.is_finished(),
+        "/health waited until the long prompt was tokenized"
+    );
+    let (status, body) = big.await.unwrap();
+    assert_eq!(status, 400, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("maximum context length"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_refuses_text_too_long_for_its_context_before_tokenizing() {
+    let w = SimWorker::start(&["--time-scale", "0.01"]).await;
+    let (status, body) = post(&w.url(), &long_chat(4 << 20)).await;
+    assert_eq!(status, 400, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("bytes of text"), "{message}");
+    assert_eq!(body["error"]["param"], "messages");
+    let (status, body) = post(&w.url(), &long_chat(200)).await;
+    assert_eq!(status, 200, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_answers_health_while_it_tokenizes_a_long_prompt() {
+    let w = SimWorker::start(&["--time-scale", "0.01"]).await;
+    health_answers_during_a_long_prompt(&w.url()).await;
+}
+
+fn token_mode(threads: usize) -> String {
+    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    format!(
+        "threads: {threads}\ntokenizers:\n  - model: {MODEL}\n    path: \"{}\"\n",
+        model.display()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_refuses_text_too_long_for_the_context_without_forwarding_it() {
+    let w = Worker::start(&[]).await;
+    let gw = Gateway::start(&[&w], &token_mode(2)).await;
+    let (status, body) = post(&gw.url(), &long_chat(4 << 20)).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("bytes of text"),
+        "{body}"
+    );
+    assert_eq!(w.stats().await["requests"], 0, "the worker saw it");
+    let (status, _) = post(&gw.url(), &long_chat(200)).await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_answers_health_while_it_tokenizes_a_long_prompt() {
+    let w = Worker::start(&[]).await;
+    // One thread: a prompt tokenized in place would hold up every other connection.
+    let gw = Gateway::start(&[&w], &token_mode(1)).await;
+    health_answers_during_a_long_prompt(&gw.url()).await;
+}
