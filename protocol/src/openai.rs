@@ -43,6 +43,56 @@ pub struct GenerationRequest {
     pub logprobs: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_logprobs: Option<u32>,
+    /// Choices to generate for the prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<u32>,
+    /// Generation also stops after any of these token ids (vLLM's extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_token_ids: Option<Vec<u32>>,
+    /// Fields that not every engine implements, kept as sent (see
+    /// [`GenerationRequest::optional_fields_in_use`]): the gateway forwards the body unchanged
+    /// to engines that honour them; kvgate's worker refuses what it cannot honour instead of
+    /// ignoring it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_of: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frequency_penalty: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presence_penalty: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repetition_penalty: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logit_bias: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_p: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_tokens: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub functions: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function_call: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suffix: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_json: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_regex: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_choice: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_grammar: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured_outputs: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub modalities: Option<serde_json::Value>,
 }
 
 /// The most top log-probabilities a request may ask for per token (vLLM's default limit).
@@ -152,6 +202,64 @@ impl GenerationRequest {
         }
     }
 
+    /// The optional fields that ask for something, by name with the value sent: set to
+    /// anything but null or the value that means "off" (clients that send every field send
+    /// those).
+    pub fn optional_fields_in_use(&self) -> Vec<(&'static str, &serde_json::Value)> {
+        use serde_json::Value;
+        let number_is = |v: &Value, off: f64| v.as_f64() == Some(off);
+        let none_or_auto = |v: &Value| matches!(v.as_str(), Some("none" | "auto"));
+        let n = f64::from(self.n.unwrap_or(1));
+        type Off<'a> = &'a dyn Fn(&Value) -> bool;
+        let fields: [(&'static str, &Option<Value>, Off<'_>); 20] = [
+            ("best_of", &self.best_of, &|v| {
+                number_is(v, 1.0) || number_is(v, n)
+            }),
+            ("frequency_penalty", &self.frequency_penalty, &|v| {
+                number_is(v, 0.0)
+            }),
+            ("presence_penalty", &self.presence_penalty, &|v| {
+                number_is(v, 0.0)
+            }),
+            ("repetition_penalty", &self.repetition_penalty, &|v| {
+                number_is(v, 1.0)
+            }),
+            ("min_p", &self.min_p, &|v| number_is(v, 0.0)),
+            ("min_tokens", &self.min_tokens, &|v| number_is(v, 0.0)),
+            ("logit_bias", &self.logit_bias, &|v| {
+                v.as_object().is_some_and(|o| o.is_empty())
+            }),
+            ("tools", &self.tools, &|v| {
+                v.as_array().is_some_and(Vec::is_empty)
+            }),
+            ("functions", &self.functions, &|v| {
+                v.as_array().is_some_and(Vec::is_empty)
+            }),
+            ("tool_choice", &self.tool_choice, &none_or_auto),
+            ("function_call", &self.function_call, &none_or_auto),
+            ("response_format", &self.response_format, &|v| {
+                v.get("type").and_then(Value::as_str) == Some("text")
+            }),
+            ("suffix", &self.suffix, &|v| v.as_str() == Some("")),
+            ("modalities", &self.modalities, &|v| {
+                *v == serde_json::json!(["text"])
+            }),
+            ("guided_json", &self.guided_json, &|_| false),
+            ("guided_regex", &self.guided_regex, &|_| false),
+            ("guided_choice", &self.guided_choice, &|_| false),
+            ("guided_grammar", &self.guided_grammar, &|_| false),
+            ("structured_outputs", &self.structured_outputs, &|_| false),
+            ("audio", &self.audio, &|_| false),
+        ];
+        fields
+            .into_iter()
+            .filter_map(|(name, value, off)| match value {
+                Some(v) if !v.is_null() && !off(v) => Some((name, v)),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Whether a streamed response should end with a usage chunk.
     pub fn include_usage(&self) -> bool {
         self.stream_options
@@ -248,6 +356,18 @@ impl Usage {
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
             prompt_tokens_details: Some(PromptTokensDetails { cached_tokens }),
+        }
+    }
+
+    /// Adds one choice's usage to a request's: the prompt is counted once, every choice's
+    /// completion tokens add up.
+    pub fn add_choice(total: &mut Option<Usage>, choice: Usage) {
+        match total {
+            None => *total = Some(choice),
+            Some(t) => {
+                t.completion_tokens += choice.completion_tokens;
+                t.total_tokens += choice.completion_tokens;
+            }
         }
     }
 }
@@ -496,6 +616,36 @@ mod tests {
         )
         .unwrap();
         assert_eq!(m.content.map(|c| c.text()), Some("ab".into()));
+    }
+
+    #[test]
+    fn optional_fields_are_in_use_unless_null_or_off() {
+        let fields = |extra: &str| {
+            let r: GenerationRequest =
+                serde_json::from_str(&format!(r#"{{"model":"m","prompt":"p"{extra}}}"#)).unwrap();
+            r.optional_fields_in_use()
+                .into_iter()
+                .map(|(name, _)| name)
+                .collect::<Vec<_>>()
+        };
+        let off = r#","frequency_penalty":0,"presence_penalty":0.0,"repetition_penalty":1,
+            "logit_bias":{},"tools":[],"tool_choice":"none","response_format":{"type":"text"},
+            "suffix":"","best_of":1,"guided_json":null,"modalities":["text"]"#;
+        assert_eq!(fields(off), Vec::<&str>::new());
+        assert_eq!(fields(r#","n":3,"best_of":3"#), Vec::<&str>::new());
+        let on = r#","frequency_penalty":0.5,"tools":[{"type":"function"}],"best_of":4,
+            "response_format":{"type":"json_object"},"guided_regex":"a+","logit_bias":{"5":1}"#;
+        assert_eq!(
+            fields(on),
+            [
+                "best_of",
+                "frequency_penalty",
+                "logit_bias",
+                "tools",
+                "response_format",
+                "guided_regex"
+            ]
+        );
     }
 
     #[test]

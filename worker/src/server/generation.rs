@@ -9,14 +9,16 @@ use crate::request::{FinishReason, SamplingParams};
 use kvgate_protocol::openai::{
     sse_event, AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
     ChatCompletionResponse, ChatDelta, ChatLogprobs, ChatTokenLogprob, CompletionChoice,
-    CompletionLogprobs, CompletionResponse, Endpoint, GenerationRequest, TopLogprob, Usage,
-    SSE_DONE,
+    CompletionLogprobs, CompletionResponse, Endpoint, GenerationRequest, MessageContent,
+    TopLogprob, Usage, SSE_DONE,
 };
 use kvgate_protocol::{ApiError, ErrorKind};
 use std::time::Instant;
 
 /// Output limit of a completion that sets none (OpenAI's default).
 const DEFAULT_COMPLETION_TOKENS: u32 = 16;
+/// Most choices one request may ask for (`n`).
+pub const MAX_CHOICES: u32 = 16;
 
 /// A validated request, ready for the engine.
 pub struct Prepared {
@@ -27,6 +29,8 @@ pub struct Prepared {
     pub stops: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    /// Choices to generate.
+    pub n: u32,
 }
 
 fn invalid(message: String, param: &str) -> ApiError {
@@ -53,6 +57,29 @@ pub fn prepare(
         .with_param("model"));
     }
     let logprobs = r.requested_logprobs(endpoint)?;
+    refuse_unimplemented(&r)?;
+    let n = r.n.unwrap_or(1);
+    if !(1..=MAX_CHOICES).contains(&n) {
+        return Err(invalid(
+            format!("n must be 1 to {MAX_CHOICES}, got {n}"),
+            "n",
+        ));
+    }
+    let top_k = r.top_k.unwrap_or(0);
+    if top_k < -1 {
+        return Err(invalid(
+            format!("top_k must be -1 or 0 (off) or positive, got {top_k}"),
+            "top_k",
+        ));
+    }
+    let vocab = model.prompt.tokenizer.vocab_size();
+    let stop_token_ids = r.stop_token_ids.clone().unwrap_or_default();
+    if let Some(bad) = stop_token_ids.iter().find(|&&t| t >= vocab) {
+        return Err(invalid(
+            format!("token id {bad} is outside the vocabulary (size {vocab})"),
+            "stop_token_ids",
+        ));
+    }
     let (prompt, _) = model.prompt.prompt_ids(endpoint, &r, max_model_len)?;
     let room = (max_model_len - prompt.len()) as u32;
     let max_tokens = match (r.max_output_tokens(), endpoint) {
@@ -94,33 +121,66 @@ pub fn prepare(
             max_tokens,
             temperature,
             top_p,
-            top_k: r.top_k.filter(|&k| k > 0).map_or(0, |k| k as u32),
+            top_k: top_k.max(0) as u32,
             seed: r.seed,
-            stop_token_ids: Vec::new(),
+            stop_token_ids,
             ignore_eos: r.ignore_eos,
             logprobs,
         },
         stops,
         stream: r.stream,
         include_usage: r.include_usage(),
+        n,
     })
+}
+
+/// Refuses what the request asks for and this worker does not do, naming the field, instead
+/// of answering as if it had been honoured.
+fn refuse_unimplemented(r: &GenerationRequest) -> Result<(), ApiError> {
+    if let Some((name, value)) = r.optional_fields_in_use().first() {
+        return Err(invalid(
+            format!("`{name}` is not implemented by this worker (got {value}); leave it out or set it to null"),
+            name,
+        ));
+    }
+    if r.echo {
+        return Err(invalid(
+            "`echo` is not implemented by this worker".into(),
+            "echo",
+        ));
+    }
+    for (i, m) in r.messages.iter().flatten().enumerate() {
+        let Some(MessageContent::Parts(parts)) = &m.content else {
+            continue;
+        };
+        if let Some(j) = parts.iter().position(|p| p.kind != "text") {
+            return Err(invalid(
+                format!(
+                    "content parts of type `{}` are not supported: this model reads text only",
+                    parts[j].kind
+                ),
+                &format!("messages[{i}].content[{j}].type"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// What a token turned into.
 pub enum Piece {
     Text(String),
-    /// The request ended; `stop_string` when a stop string ended it (the engine must then be
-    /// told to stop, since it did not end the request itself).
+    /// The choice ended (the engine ended it, or a stop string did here).
     Finished {
         reason: &'static str,
         usage: Usage,
-        stop_string: bool,
     },
 }
 
-/// Tracks one request's output: text, timing metrics, usage.
+/// Tracks one choice's output: text, timing metrics, usage.
 pub struct Generation {
     pub id: String,
+    /// The choice's index among the request's.
+    pub index: u32,
     pub endpoint: Endpoint,
     pub model: String,
     pub include_usage: bool,
@@ -135,9 +195,10 @@ pub struct Generation {
 }
 
 impl Generation {
-    pub fn new(id: String, prepared: &Prepared) -> Generation {
+    pub fn new(id: String, index: u32, prepared: &Prepared) -> Generation {
         Generation {
             id,
+            index,
             endpoint: prepared.endpoint,
             model: prepared.model.clone(),
             include_usage: prepared.include_usage,
@@ -199,11 +260,7 @@ impl Generation {
                 token.num_output_tokens as u32,
                 token.num_cached_tokens as u32,
             );
-            pieces.push(Piece::Finished {
-                reason,
-                usage,
-                stop_string,
-            });
+            pieces.push(Piece::Finished { reason, usage });
         }
         pieces
     }
@@ -260,8 +317,8 @@ impl Generation {
         Some(out)
     }
 
-    /// The closing events: finish reason, usage if asked, `[DONE]`.
-    pub fn finish_events(&mut self, reason: &str, usage: Usage) -> String {
+    /// The choice's last chunk, with its finish reason.
+    pub fn finish_event(&mut self, reason: &str) -> String {
         let finish = match self.endpoint {
             Endpoint::Chat => {
                 let logprobs = self.take_chat_logprobs();
@@ -275,7 +332,12 @@ impl Generation {
                 serde_json::to_string(&self.completion(String::new(), Some(reason), None))
             }
         };
-        let mut out = sse_event(&finish.unwrap_or_default());
+        sse_event(&finish.unwrap_or_default())
+    }
+
+    /// What ends the stream once every choice has finished: the usage chunk if asked, `[DONE]`.
+    pub fn closing_events(&self, usage: &Usage) -> String {
+        let mut out = String::new();
         if self.include_usage {
             let object = match self.endpoint {
                 Endpoint::Chat => "chat.completion.chunk",
@@ -286,32 +348,6 @@ impl Generation {
         }
         out.push_str(SSE_DONE);
         out
-    }
-
-    /// The whole non-streamed response.
-    pub fn response(&mut self, text: String, reason: &str, usage: Usage) -> Vec<u8> {
-        let result = match self.endpoint {
-            Endpoint::Chat => serde_json::to_vec(&ChatCompletionResponse {
-                id: self.id.clone(),
-                object: "chat.completion".into(),
-                created: created(),
-                model: self.model.clone(),
-                choices: vec![ChatChoice {
-                    index: 0,
-                    message: AssistantMessage {
-                        role: "assistant".into(),
-                        content: text,
-                    },
-                    logprobs: self.take_chat_logprobs(),
-                    finish_reason: Some(reason.into()),
-                }],
-                usage,
-            }),
-            Endpoint::Completions => {
-                serde_json::to_vec(&self.completion(text, Some(reason), Some(usage)))
-            }
-        };
-        result.unwrap_or_default()
     }
 
     fn chat_chunk(
@@ -326,7 +362,7 @@ impl Generation {
             created: created(),
             model: self.model.clone(),
             choices: vec![ChatChunkChoice {
-                index: 0,
+                index: self.index,
                 delta,
                 logprobs,
                 finish_reason: finish.map(str::to_string),
@@ -346,15 +382,69 @@ impl Generation {
             object: "text_completion".into(),
             created: created(),
             model: self.model.clone(),
-            choices: vec![CompletionChoice {
-                index: 0,
-                text,
-                logprobs: self.take_completion_logprobs(),
-                finish_reason: finish.map(str::to_string),
-            }],
+            choices: vec![self.completion_choice(text, finish)],
             usage,
         }
     }
+
+    fn completion_choice(&mut self, text: String, finish: Option<&str>) -> CompletionChoice {
+        CompletionChoice {
+            index: self.index,
+            text,
+            logprobs: self.take_completion_logprobs(),
+            finish_reason: finish.map(str::to_string),
+        }
+    }
+
+    fn chat_choice(&mut self, text: String, reason: &str) -> ChatChoice {
+        ChatChoice {
+            index: self.index,
+            message: AssistantMessage {
+                role: "assistant".into(),
+                content: text,
+            },
+            logprobs: self.take_chat_logprobs(),
+            finish_reason: Some(reason.into()),
+        }
+    }
+}
+
+/// One finished choice of a whole (non-streamed) response.
+pub struct Finished {
+    pub text: String,
+    pub reason: &'static str,
+}
+
+/// The whole non-streamed response: every choice, in index order, and the request's usage.
+pub fn response(generations: &mut [Generation], finished: Vec<Finished>, usage: Usage) -> Vec<u8> {
+    let Some(first) = generations.first() else {
+        return Vec::new();
+    };
+    let (id, model, endpoint) = (first.id.clone(), first.model.clone(), first.endpoint);
+    let choices = generations.iter_mut().zip(finished);
+    let result = match endpoint {
+        Endpoint::Chat => serde_json::to_vec(&ChatCompletionResponse {
+            id,
+            object: "chat.completion".into(),
+            created: created(),
+            model,
+            choices: choices
+                .map(|(g, f)| g.chat_choice(f.text, f.reason))
+                .collect(),
+            usage,
+        }),
+        Endpoint::Completions => serde_json::to_vec(&CompletionResponse {
+            id,
+            object: "text_completion".into(),
+            created: created(),
+            model,
+            choices: choices
+                .map(|(g, f)| g.completion_choice(f.text, Some(f.reason)))
+                .collect(),
+            usage: Some(usage),
+        }),
+    };
+    result.unwrap_or_default()
 }
 
 fn created() -> u64 {

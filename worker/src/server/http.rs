@@ -1,19 +1,19 @@
 //! HTTP routes: OpenAI generation, models, health, tokenize, metrics, stats and KV events.
 
 use super::body::{full, ChannelBody, Chunk};
+use super::choices::Choices;
 use super::engine_loop::{Command, Shared};
-use super::generation::{prepare, Generation, Piece};
-use crate::engine::{EngineError, TokenOutput};
+use super::generation::{prepare, response, Finished, Generation, Piece};
+use crate::engine::EngineError;
 use crate::model::ModelFile;
-use crate::request::RequestId;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use kvgate_protocol::openai::{Endpoint, ModelList};
+use kvgate_protocol::openai::{Endpoint, ModelList, Usage};
 use kvgate_protocol::{ApiError, ErrorKind};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, PoisonError};
 use tokio::sync::{mpsc, oneshot};
 
@@ -100,37 +100,6 @@ async fn read_body(req: Request<Incoming>) -> Result<Bytes, ApiError> {
         })
 }
 
-/// Tells the engine to drop a request when the response (or the waiting handler) is dropped
-/// before the request finished: a client that leaves frees its KV blocks within one step.
-struct AbortOnDrop {
-    commands: mpsc::Sender<Command>,
-    id: RequestId,
-    armed: bool,
-}
-
-impl AbortOnDrop {
-    /// The request ended by itself: nothing to abort.
-    fn disarm(&mut self) {
-        self.armed = false;
-    }
-
-    /// The response is complete. A stop string ended it on this side only, so the engine
-    /// must still be told (the guard stays armed); otherwise the engine ended it.
-    fn finished(&mut self, by_stop_string: bool) {
-        if !by_stop_string {
-            self.disarm();
-        }
-    }
-}
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        if self.armed {
-            let _ = self.commands.try_send(Command::Abort(self.id));
-        }
-    }
-}
-
 /// Runs `work` on a blocking thread, at most `prepare_slots` at once, so that parsing and
 /// tokenizing a long prompt (seconds of work) never holds up `/health` or other requests on
 /// the async threads.
@@ -174,103 +143,84 @@ async fn generate(ctx: Arc<Context>, req: Request<Incoming>, endpoint: Endpoint)
         Ok(p) => p,
         Err(e) => return error(&e),
     };
-    let id = ctx.next_id.fetch_add(1, Ordering::Relaxed);
-    let (tx, mut rx) = mpsc::channel::<TokenOutput>(prepared.params.max_tokens as usize + 1);
-    let (reply_tx, reply_rx) = oneshot::channel();
-    let request = crate::engine::NewRequest {
-        id,
-        prompt: prepared.prompt.clone(),
-        params: prepared.params.clone(),
-        priority: 0,
+    let choices = match Choices::start(&ctx, &prepared).await {
+        Ok(c) => c,
+        Err(e) => return error(&e.into()),
     };
-    if ctx
-        .commands
-        .send(Command::Add {
-            request,
-            tokens: tx,
-            reply: reply_tx,
-        })
-        .await
-        .is_err()
-    {
-        return error(&ApiError::new(
-            ErrorKind::Unavailable,
-            "the engine has stopped",
-        ));
-    }
-    match reply_rx.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return error(&engine_error(e)),
-        Err(_) => {
-            return error(&ApiError::new(
-                ErrorKind::Unavailable,
-                "the engine has stopped",
-            ))
-        }
-    }
     ctx.shared.metrics.requests.inc();
-    let mut guard = AbortOnDrop {
-        commands: ctx.commands.clone(),
-        id,
-        armed: true,
-    };
     let prefix = if endpoint == Endpoint::Chat {
         "chatcmpl"
     } else {
         "cmpl"
     };
-    let mut generation = Generation::new(format!("{prefix}-{id}"), &prepared);
+    let id = format!("{prefix}-{}", choices.first_id());
+    let generations: Vec<Generation> = (0..choices.len() as u32)
+        .map(|index| Generation::new(id.clone(), index, &prepared))
+        .collect();
+    if prepared.stream {
+        stream(ctx, choices, generations)
+    } else {
+        whole(ctx, choices, generations).await
+    }
+}
 
-    if !prepared.stream {
-        let mut text = String::new();
-        while let Some(token) = rx.recv().await {
-            for piece in generation.on_token(&token, &ctx.model, &ctx.shared.metrics) {
-                match piece {
-                    Piece::Text(t) => text.push_str(&t),
-                    Piece::Finished {
-                        reason,
-                        usage,
-                        stop_string,
-                    } => {
-                        guard.finished(stop_string);
-                        let body = generation.response(text, reason, usage);
-                        return with_type(Response::new(full(body)), "application/json");
-                    }
+fn dropped() -> ApiError {
+    ApiError::new(ErrorKind::Internal, "the engine dropped the request")
+}
+
+/// The response once every choice has finished.
+async fn whole(ctx: Arc<Context>, mut choices: Choices, mut generations: Vec<Generation>) -> Reply {
+    let mut texts = vec![String::new(); generations.len()];
+    let mut finished: Vec<Option<Finished>> = generations.iter().map(|_| None).collect();
+    let mut usage: Option<Usage> = None;
+    while let Some((i, token)) = choices.next().await {
+        for piece in generations[i].on_token(&token, &ctx.model, &ctx.shared.metrics) {
+            match piece {
+                Piece::Text(t) => texts[i].push_str(&t),
+                Piece::Finished { reason, usage: u } => {
+                    choices.close(i);
+                    Usage::add_choice(&mut usage, u);
+                    let text = std::mem::take(&mut texts[i]);
+                    finished[i] = Some(Finished { text, reason });
                 }
             }
         }
-        guard.disarm();
-        return error(&ApiError::new(
-            ErrorKind::Internal,
-            "the engine dropped the request",
-        ));
+        if choices.all_closed() {
+            let finished = finished.into_iter().flatten().collect();
+            let body = response(&mut generations, finished, usage.unwrap_or_default());
+            return with_type(Response::new(full(body)), "application/json");
+        }
     }
+    error(&dropped())
+}
 
+/// Every choice's chunks as they come, then the usage chunk (if asked) and `[DONE]`.
+fn stream(ctx: Arc<Context>, mut choices: Choices, mut generations: Vec<Generation>) -> Reply {
     let (out_tx, out_rx) = mpsc::channel::<Chunk>(16);
     tokio::spawn(async move {
         let send = |s: String| out_tx.send(Ok(Frame::data(Bytes::from(s))));
-        while let Some(token) = rx.recv().await {
-            for piece in generation.on_token(&token, &ctx.model, &ctx.shared.metrics) {
+        let mut usage: Option<Usage> = None;
+        while let Some((i, token)) = choices.next().await {
+            for piece in generations[i].on_token(&token, &ctx.model, &ctx.shared.metrics) {
                 let event = match piece {
-                    Piece::Text(t) => generation.text_event(t),
-                    Piece::Finished {
-                        reason,
-                        usage,
-                        stop_string,
-                    } => {
-                        guard.finished(stop_string);
-                        let _ = send(generation.finish_events(reason, usage)).await;
-                        return;
+                    Piece::Text(t) => generations[i].text_event(t),
+                    Piece::Finished { reason, usage: u } => {
+                        choices.close(i);
+                        Usage::add_choice(&mut usage, u);
+                        generations[i].finish_event(reason)
                     }
                 };
                 if send(event).await.is_err() {
-                    // The client left: `guard` aborts the request as this task ends.
+                    // The client left: dropping `choices` aborts what still runs.
                     return;
                 }
             }
+            if choices.all_closed() {
+                let _ = send(generations[0].closing_events(&usage.unwrap_or_default())).await;
+                return;
+            }
         }
-        guard.disarm();
-        let e = ApiError::new(ErrorKind::Internal, "the engine dropped the request");
+        let e = dropped();
         let _ = send(kvgate_protocol::openai::sse_event(
             &String::from_utf8_lossy(&e.to_json()),
         ))
@@ -284,7 +234,7 @@ async fn generate(ctx: Arc<Context>, req: Request<Incoming>, endpoint: Endpoint)
     with_type(r, "text/event-stream")
 }
 
-fn engine_error(e: EngineError) -> ApiError {
+pub(super) fn engine_error(e: EngineError) -> ApiError {
     let param = match e {
         EngineError::PromptTooLong { .. } | EngineError::EmptyPrompt => Some("prompt"),
         EngineError::DuplicateId(_) | EngineError::CacheBelowContext { .. } => None,

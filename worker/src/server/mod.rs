@@ -2,6 +2,7 @@
 
 pub mod adapters;
 pub mod body;
+mod choices;
 pub mod detok;
 mod engine_loop;
 mod events;
