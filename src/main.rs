@@ -1,6 +1,7 @@
 //! The `kvgate` command line: thin wrappers around the crates.
 
 mod bench_cli;
+mod keys;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -149,6 +150,12 @@ enum Command {
     },
     /// Validate a gateway config file and report every error with its YAML path.
     CheckConfig { file: PathBuf },
+    /// Print the hash of the API key on standard input, for a tenant's `api_keys`.
+    HashKey {
+        /// Make a new random key: printed first, its hash second.
+        #[arg(long)]
+        generate: bool,
+    },
     /// Run a fault-injection OpenAI-compatible worker (for testing the gateway; it echoes the
     /// prompt instead of running a model).
     FaultWorker {
@@ -195,6 +202,10 @@ fn main() -> ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    if let Err(message) = kvgate_agent::lineage::stop_with_parent() {
+        eprintln!("kvgate: {message}");
+        return ExitCode::FAILURE;
+    }
     match run(Cli::parse().command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
@@ -219,6 +230,7 @@ fn run(command: Command) -> Result<(), String> {
             println!("results in {}", out.display());
             Ok(())
         }
+        Command::HashKey { generate } => keys::hash_key(generate),
         Command::Gateway { config, listen } => {
             kvgate_router::run(&config, listen).map_err(|e| e.to_string())
         }

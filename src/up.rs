@@ -1,7 +1,10 @@
 //! `kvgate up`: a local fleet in one command — a gateway, and N workers each under an agent
-//! that reports to the gateway (the workers join the fleet by reporting). Ctrl-C or SIGTERM
-//! stops everything: agents stop their workers gracefully.
+//! that reports to the gateway. The fleet's tokens live in a private directory, the gateway
+//! admits only this fleet's workers, every port is checked before anything starts, and a
+//! signal at any moment (start-up included) stops every process: agents stop their workers
+//! gracefully, and a child whose `up` dies (even by SIGKILL) stops too.
 
+use kvgate_agent::lineage;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -19,17 +22,11 @@ pub struct UpConfig {
     pub served_model_name: String,
 }
 
-/// Children killed (and reaped) when dropped, so that an early error leaves nothing behind.
-struct Children(Vec<(String, Child)>);
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        for (_, child) in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
+/// How long the fleet may take to come up (loading a model takes a few seconds).
+const READY_WITHIN: Duration = Duration::from_secs(120);
+/// How long children get to stop after SIGTERM before they are killed (an agent gives its
+/// worker 10 s).
+const STOP_GRACE: Duration = Duration::from_secs(15);
 
 pub fn run(config: UpConfig) -> Result<(), String> {
     if config.workers == 0 || config.workers > 64 {
@@ -38,70 +35,212 @@ pub fn run(config: UpConfig) -> Result<(), String> {
             config.workers
         ));
     }
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find the kvgate binary: {e}"))?;
-    let dir = std::env::temp_dir().join(format!("kvgate-up-{}", config.port));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let token_file = dir.join("agent-token");
-    std::fs::write(&token_file, token()).map_err(|e| format!("{}: {e}", token_file.display()))?;
-    let gateway_config = dir.join("gateway.yaml");
-    std::fs::write(&gateway_config, gateway_yaml(&config, &token_file))
-        .map_err(|e| format!("{}: {e}", gateway_config.display()))?;
+    let worker_ports = (0..config.workers)
+        .map(|i| {
+            u16::try_from(i)
+                .ok()
+                .and_then(|i| config.first_worker_port.checked_add(i))
+                .ok_or("--first-worker-port plus --workers runs past port 65535")
+        })
+        .collect::<Result<Vec<u16>, _>>()?;
+    let mut ports = vec![
+        ("the gateway (--port)".to_string(), config.port),
+        (
+            "the admin API (--admin-port)".to_string(),
+            config.admin_port,
+        ),
+    ];
+    ports.extend(
+        worker_ports
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| (format!("worker {i} (--first-worker-port + {i})"), p)),
+    );
+    check_free(&ports)?;
 
-    let mut children = Children(Vec::new());
-    let spawn = |name: String, args: Vec<String>, children: &mut Children| {
-        Command::new(&exe)
-            .args(&args)
-            .spawn()
-            .map(|c| children.0.push((name.clone(), c)))
-            .map_err(|e| format!("cannot start {name}: {e}"))
-    };
-    spawn(
-        "gateway".into(),
-        vec![
-            "gateway".into(),
-            "--config".into(),
-            gateway_config.display().to_string(),
-        ],
-        &mut children,
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the kvgate binary: {e}"))?;
+    let dir = PrivateDir::create(config.port)?;
+    let agent_token = dir.write_secret("agent-token", &crate::keys::random_token()?)?;
+    let admin_token = dir.write_secret("admin-token", &crate::keys::random_token()?)?;
+    let gateway_config = dir.write_secret(
+        "gateway.yaml",
+        &gateway_yaml(&config, &worker_ports, &agent_token, &admin_token),
     )?;
-    let admin = format!("http://127.0.0.1:{}", config.admin_port);
-    for i in 0..config.workers {
-        let port = u16::try_from(i)
-            .ok()
-            .and_then(|i| config.first_worker_port.checked_add(i))
-            .ok_or("--first-worker-port plus --workers runs past port 65535")?;
-        spawn(
-            format!("agent {i}"),
-            agent_args(&config, &admin, &token_file, &exe, i, port),
-            &mut children,
-        )?;
-    }
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("runtime: {e}"))?;
-    runtime.block_on(async {
-        wait_until_ready(&config, &admin, &mut children).await?;
+    // Children are spawned from this (the main) thread, so that their parent-death signal
+    // stays tied to the process.
+    let mut children = Children(Vec::new());
+    let outcome = runtime.block_on(async {
+        // Signals are caught from here on: a stop during start-up stops what has started.
+        let mut signals = Signals::install()?;
+        children.spawn(&exe, "gateway", &["gateway", "--config", &path_arg(&gateway_config)])?;
+        let admin = format!("http://127.0.0.1:{}", config.admin_port);
+        for (i, &port) in worker_ports.iter().enumerate() {
+            let args = agent_args(&config, &admin, &agent_token, &exe, i, port);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            children.spawn(&exe, &format!("agent {i}"), &args)?;
+        }
+        tokio::select! {
+            ready = wait_until_ready(&config, &admin, &admin_token, &mut children) => ready?,
+            _ = signals.recv() => {
+                eprintln!("kvgate up: stopped during start-up");
+                return Ok(());
+            }
+        }
         println!(
-            "\nkvgate fleet is up: {} {} worker(s) under agents, model `{}`\n  endpoint: http://127.0.0.1:{}/v1\n  replicas: curl -s {admin}/admin/replicas\n  metrics:  curl -s http://127.0.0.1:{}/metrics\nCtrl-C stops it.",
-            config.workers, config.backend, config.served_model_name, config.port, config.port
+            "\nkvgate fleet is up: {} {} worker(s) under agents, model `{}`\n  endpoint: http://127.0.0.1:{}/v1\n  replicas: curl -s -H \"Authorization: Bearer $(cat {})\" {admin}/admin/replicas\n  metrics:  curl -s http://127.0.0.1:{}/metrics\nCtrl-C stops it.",
+            config.workers,
+            config.backend,
+            config.served_model_name,
+            config.port,
+            admin_token.display(),
+            config.port
         );
-        kvgate_agent::shutdown_signal().await;
+        signals.recv().await;
         Ok::<(), String>(())
-    })?;
-    stop(&mut children);
+    });
+    drop(children);
+    outcome
+}
+
+/// Fails with the first port that is taken (a fleet already running there, say), naming it.
+fn check_free(ports: &[(String, u16)]) -> Result<(), String> {
+    for (name, port) in ports {
+        if let Some((other, _)) = ports.iter().find(|(n, p)| p == port && n != name) {
+            return Err(format!("{name} and {other} are both port {port}"));
+        }
+        std::net::TcpListener::bind(("127.0.0.1", *port))
+            .map_err(|e| format!("port {port} for {name} is taken: {e}"))?;
+    }
     Ok(())
 }
 
-/// The gateway routes the workers' model in token mode, with the workers' own GGUF.
-fn gateway_yaml(config: &UpConfig, token_file: &Path) -> String {
+/// SIGTERM and SIGINT, listened for from the moment they are installed.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Signals, String> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let listen = |kind| signal(kind).map_err(|e| format!("cannot listen for signals: {e}"));
+        Ok(Signals {
+            term: listen(SignalKind::terminate())?,
+            int: listen(SignalKind::interrupt())?,
+        })
+    }
+
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
+}
+
+/// A directory only this user can enter (0700), with a name nobody can guess, removed with
+/// everything in it when dropped.
+struct PrivateDir(PathBuf);
+
+impl PrivateDir {
+    fn create(port: u16) -> Result<PrivateDir, String> {
+        use std::os::unix::fs::DirBuilderExt;
+        let suffix = crate::keys::random_token()?;
+        let path = std::env::temp_dir().join(format!("kvgate-up-{port}-{}", &suffix[..16]));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(PrivateDir(path))
+    }
+
+    /// Writes a new file readable by this user alone (0600).
+    fn write_secret(&self, name: &str, content: &str) -> Result<PathBuf, String> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = self.0.join(name);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .and_then(|mut f| f.write_all(content.as_bytes()))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(path)
+    }
+}
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The fleet's processes. Dropping it stops them: SIGTERM to all, a grace period, then
+/// SIGKILL to what is left.
+struct Children(Vec<(String, Child)>);
+
+impl Children {
+    fn spawn(&mut self, exe: &Path, name: &str, args: &[&str]) -> Result<(), String> {
+        let (key, value) = lineage::parent_env();
+        let child = Command::new(exe)
+            .args(args)
+            .env(key, value)
+            .spawn()
+            .map_err(|e| format!("cannot start {name}: {e}"))?;
+        self.0.push((name.to_string(), child));
+        Ok(())
+    }
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for (_, child) in &self.0 {
+            lineage::terminate(child.id());
+        }
+        let deadline = Instant::now() + STOP_GRACE;
+        for (name, child) in &mut self.0 {
+            while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if matches!(child.try_wait(), Ok(None)) {
+                eprintln!("kvgate up: {name} did not stop in time; killing it");
+                let _ = child.kill();
+            }
+            let _ = child.wait();
+        }
+    }
+}
+
+fn path_arg(path: &Path) -> String {
+    path.display().to_string()
+}
+
+/// The gateway routes the workers' model in token mode, with the workers' own GGUF, and takes
+/// reports only from this fleet's workers, by name.
+fn gateway_yaml(
+    config: &UpConfig,
+    ports: &[u16],
+    agent_token: &Path,
+    admin_token: &Path,
+) -> String {
     let model = std::fs::canonicalize(&config.model).unwrap_or_else(|_| config.model.clone());
+    let replicas: String = ports
+        .iter()
+        .enumerate()
+        .map(|(i, port)| format!("  - url: \"http://127.0.0.1:{port}\"\n    id: \"worker-{i}\"\n"))
+        .collect();
     format!(
-        "listen: \"127.0.0.1:{}\"\nadmin_listen: \"127.0.0.1:{}\"\nreplicas: []\nagents:\n  token_file: \"{}\"\n  join: open\ntokenizers:\n  - model: \"{}\"\n    path: \"{}\"\n",
+        "listen: \"127.0.0.1:{}\"\nadmin_listen: \"127.0.0.1:{}\"\nadmin_token_file: \"{}\"\nreplicas:\n{replicas}agents:\n  token_file: \"{}\"\n  join: static\ntokenizers:\n  - model: \"{}\"\n    path: \"{}\"\n",
         config.port,
         config.admin_port,
-        token_file.display(),
+        admin_token.display(),
+        agent_token.display(),
         config.served_model_name,
         model.display()
     )
@@ -120,20 +259,20 @@ fn agent_args(
         "--gateway",
         admin,
         "--token-file",
-        &token_file.display().to_string(),
+        &path_arg(token_file),
         "--url",
         &format!("http://127.0.0.1:{port}"),
         "--replica-id",
         &format!("worker-{i}"),
         "--",
-        &exe.display().to_string(),
+        &path_arg(exe),
         "worker",
         "--backend",
         &config.backend,
         "--port",
         &port.to_string(),
         "--model",
-        &config.model.display().to_string(),
+        &path_arg(&config.model),
         "--served-model-name",
         &config.served_model_name,
     ]
@@ -146,24 +285,37 @@ fn agent_args(
     args
 }
 
-/// Waits until the gateway lists every worker as available (a process that exits meanwhile is
-/// an error; loading the model takes a few seconds).
+/// Waits until the gateway lists every worker as available; a process that exits meanwhile
+/// is an error.
 async fn wait_until_ready(
     config: &UpConfig,
     admin: &str,
+    admin_token: &Path,
     children: &mut Children,
 ) -> Result<(), String> {
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let token = std::fs::read_to_string(admin_token)
+        .map_err(|e| format!("{}: {e}", admin_token.display()))?;
+    let auth = format!("Bearer {}", token.trim());
+    let deadline = Instant::now() + READY_WITHIN;
     loop {
         for (name, child) in &mut children.0 {
             if let Ok(Some(status)) = child.try_wait() {
                 return Err(format!("{name} exited early ({status})"));
             }
         }
-        let ready = kvgate_agent::http::get_text(admin, "/admin/replicas", Duration::from_secs(1))
-            .await
+        let replicas = kvgate_agent::http::request(
+            kvgate_agent::http::Method::GET,
+            admin,
+            "/admin/replicas",
+            &[("authorization", &auth)],
+            None,
+            Duration::from_secs(1),
+        )
+        .await;
+        let ready = replicas
             .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .filter(|(status, _)| *status == 200)
+            .and_then(|(_, body)| serde_json::from_slice::<serde_json::Value>(&body).ok())
             .and_then(|v| {
                 v["replicas"]
                     .as_array()
@@ -174,44 +326,11 @@ async fn wait_until_ready(
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err("the fleet did not come up within 120 s".into());
+            return Err(format!(
+                "the fleet did not come up within {} s",
+                READY_WITHIN.as_secs()
+            ));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-/// SIGTERM to every child (agents stop their workers), then waits; the `Drop` of `Children`
-/// kills whatever is left.
-fn stop(children: &mut Children) {
-    for (_, child) in &children.0 {
-        let _ = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status();
-    }
-    let deadline = Instant::now() + Duration::from_secs(15);
-    for (name, child) in &mut children.0 {
-        while Instant::now() < deadline {
-            match child.try_wait() {
-                Ok(Some(_)) | Err(_) => break,
-                Ok(None) => std::thread::sleep(Duration::from_millis(50)),
-            }
-        }
-        if matches!(child.try_wait(), Ok(None)) {
-            eprintln!("kvgate up: {name} did not stop in time; killing it");
-        }
-    }
-}
-
-/// A fresh token for this fleet's agents (not a secret beyond this machine: it only keeps
-/// stray reports out).
-fn token() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.write_u32(std::process::id());
-    format!("{:016x}", h.finish())
 }

@@ -309,6 +309,18 @@ async fn reports_need_the_token_and_a_known_replica() {
     unknown["url"] = "http://127.0.0.1:1".into();
     let (s, e) = report(&gw.admin(), Some(&bearer), &unknown).await;
     assert_eq!(s, 404, "static fleets do not take new replicas: {e}");
+    // Another agent reporting under this replica's name, for another server, is refused: its
+    // reports would look like restarts and void the replica's cache state each time.
+    let mut impostor = good.clone();
+    impostor["url"] = "http://127.0.0.1:1".into();
+    impostor["instance"] = 8.into();
+    let (s, e) = report(&gw.admin(), Some(&bearer), &impostor).await;
+    assert_eq!(s, 403, "{e}");
+    assert_eq!(
+        replica(&gw, &w.id()).await.unwrap()["agent"]["instance"],
+        7,
+        "the replica keeps its own agent's state"
+    );
     let mut future = good.clone();
     future["version"] = 3.into();
     assert_eq!(report(&gw.admin(), Some(&bearer), &future).await.0, 400);

@@ -1,7 +1,7 @@
 //! SLA classes end to end: a saturated fleet (one sim worker, one request at a time) serves
 //! queued interactive requests before queued batch ones, refuses a sheddable class with 429
 //! and `Retry-After`, bounds each class's queue and deadline; pools keep each class on its
-//! own replicas, chosen by header or API key.
+//! own replicas, chosen by the tenant's key or by a header where trusted or allowed.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 const CLASSES: &str = r#"
 sla:
   default_class: interactive
-  api_keys:
-    sk-batch-key: batch
+  trust_class_header: true
   classes:
     interactive: {priority: 10}
     batch: {priority: 0, max_queue: 4}
@@ -147,8 +146,26 @@ async fn pools_keep_classes_on_their_replicas() {
         SimWorker::start(&["--time-scale", "0.01"]).await,
         SimWorker::start(&["--time-scale", "0.01"]).await,
     );
-    let sla = "sla:\n  default_class: interactive\n  api_keys: {sk-batch-key: batch}\n  classes:\n    interactive: {pool: {tier: online}}\n    batch: {pool: {tier: offline}}\n    orphan: {pool: {tier: nowhere}}\n";
-    let mut gw = Gateway::start(&[&a, &b], sla).await;
+    let hash = |key: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvgate"))
+            .arg("hash-key")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                use std::io::Write;
+                writeln!(c.stdin.take().unwrap(), "{key}")?;
+                c.wait_with_output()
+            })
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    let sla = format!(
+        "sla:\n  default_class: interactive\n  classes:\n    interactive: {{pool: {{tier: online}}}}\n    batch: {{pool: {{tier: offline}}}}\n    orphan: {{pool: {{tier: nowhere}}}}\ntenants:\n  app: {{api_keys: [\"{}\"], allowed_classes: [batch, orphan]}}\n  jobs: {{api_keys: [\"{}\"], class: batch}}\n",
+        hash("sk-app-key"),
+        hash("sk-batch-key")
+    );
+    let mut gw = Gateway::start(&[&a, &b], &sla).await;
     let url = gw.url();
     let label = |w: &SimWorker, tier: &str| {
         (
@@ -167,26 +184,33 @@ async fn pools_keep_classes_on_their_replicas() {
     gw.proc.signal("HUP");
     tokio::time::sleep(Duration::from_millis(300)).await;
     for _ in 0..6 {
-        let online = ask(&url, None, None, 2).await;
+        let online = ask(&url, None, Some("sk-app-key"), 2).await;
         assert_eq!(
             online.replica,
             Some(Upstream::id(&a)),
-            "default class: online pool"
+            "the default class: online pool"
         );
         let offline = ask(&url, None, Some("sk-batch-key"), 2).await;
         assert_eq!(
             offline.replica,
             Some(Upstream::id(&b)),
-            "API key: batch class"
+            "the tenant's class: batch"
         );
-        let header = ask(&url, Some("batch"), None, 2).await;
+        let header = ask(&url, Some("batch"), Some("sk-app-key"), 2).await;
         assert_eq!(
             header.replica,
             Some(Upstream::id(&b)),
-            "header: batch class"
+            "an allowed class by header: batch"
         );
     }
-    assert_eq!(ask(&url, Some("orphan"), None, 2).await.status, 404);
-    assert_eq!(ask(&url, Some("gold"), None, 2).await.status, 400);
+    let key = Some("sk-app-key");
+    assert_eq!(ask(&url, Some("orphan"), key, 2).await.status, 404);
+    assert_eq!(ask(&url, Some("gold"), key, 2).await.status, 400);
+    assert_eq!(
+        ask(&url, Some("interactive"), Some("sk-batch-key"), 2)
+            .await
+            .status,
+        403
+    );
     gw.proc.kill();
 }

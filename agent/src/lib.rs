@@ -6,6 +6,7 @@ pub mod adapter;
 mod gpu;
 pub mod http;
 mod kv_relay;
+pub mod lineage;
 pub mod push;
 pub mod supervisor;
 

@@ -54,7 +54,13 @@ pub async fn supervise(
     let mut restarts = 0u32;
     loop {
         let started = Instant::now();
-        let mut child = match Command::new(program).args(args).kill_on_drop(true).spawn() {
+        let (key, value) = crate::lineage::parent_env();
+        let spawned = Command::new(program)
+            .args(args)
+            .env(key, value)
+            .kill_on_drop(true)
+            .spawn();
+        let mut child = match spawned {
             Ok(child) => child,
             Err(e) => {
                 tracing::error!(%program, error = %e, "cannot start the worker");
@@ -102,11 +108,7 @@ async fn wait_or_stop(delay: Duration, stop: &mut watch::Receiver<bool>) -> bool
 /// SIGTERM, then SIGKILL if the worker is still there after the grace period.
 async fn stop_gracefully(child: &mut Child) {
     if let Some(pid) = child.id() {
-        // `kill(1)` rather than libc: the workspace forbids unsafe code.
-        let _ = Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .await;
+        crate::lineage::terminate(pid);
         if tokio::time::timeout(GRACE, child.wait()).await.is_ok() {
             tracing::info!(pid, "worker stopped");
             return;

@@ -8,6 +8,8 @@ pub enum ErrorKind {
     InvalidRequest,
     /// A missing or wrong bearer token.
     Unauthorized,
+    /// A known client asking for what it may not have.
+    Forbidden,
     ModelNotFound,
     NotFound,
     MethodNotAllowed,
@@ -24,6 +26,7 @@ impl ErrorKind {
         match self {
             ErrorKind::InvalidRequest => 400,
             ErrorKind::Unauthorized => 401,
+            ErrorKind::Forbidden => 403,
             ErrorKind::ModelNotFound | ErrorKind::NotFound => 404,
             ErrorKind::MethodNotAllowed => 405,
             ErrorKind::PayloadTooLarge => 413,
@@ -39,6 +42,7 @@ impl ErrorKind {
         match self {
             ErrorKind::InvalidRequest => ("invalid_request_error", "invalid_request"),
             ErrorKind::Unauthorized => ("authentication_error", "invalid_api_key"),
+            ErrorKind::Forbidden => ("permission_error", "permission_denied"),
             ErrorKind::ModelNotFound => ("invalid_request_error", "model_not_found"),
             ErrorKind::NotFound => ("invalid_request_error", "not_found"),
             ErrorKind::MethodNotAllowed => ("invalid_request_error", "method_not_allowed"),

@@ -1,4 +1,6 @@
 //! The admin listener: replica state with last scores, decision explanations, reload, metrics.
+//! With `admin_token_file`, every `/admin/` route asks for its bearer token; `/health` and
+//! `/metrics` stay open (they carry no secrets), and agents post reports with their own token.
 
 use crate::gateway::Gateway;
 use crate::proxy::request;
@@ -7,6 +9,7 @@ use async_trait::async_trait;
 use bytes::BytesMut;
 use http::Method;
 use kvgate_protocol::openai::Endpoint;
+use kvgate_protocol::telemetry::token_matches;
 use kvgate_protocol::{ApiError, ErrorKind};
 use pingora_core::apps::{HttpPersistentSettings, HttpServerApp, ReusedHttpStream};
 use pingora_core::protocols::http::ServerSession;
@@ -62,6 +65,14 @@ impl HttpServerApp for AdminApp {
         let method = session.req_header().method.clone();
         let path = session.req_header().uri.path().to_string();
         let gateway = &self.gateway;
+        if path.starts_with("/admin/") {
+            if let Err(e) = authorize(gateway, &session) {
+                // The body, if any, is left unread: the connection cannot be reused.
+                session.set_keepalive(None);
+                respond::send_json(&mut session, e.status(), e.to_json(), &[]).await;
+                return None;
+            }
+        }
         let (status, body): (u16, Vec<u8>) = match (&method, path.as_str()) {
             (&Method::GET, "/health") => (200, br#"{"status":"ok"}"#.to_vec()),
             (&Method::GET, "/metrics") => {
@@ -85,8 +96,8 @@ impl HttpServerApp for AdminApp {
                     .collect();
                 (200, json(&serde_json::json!({ "replicas": replicas })))
             }
-            (&Method::GET, "/admin/config") => (200, json(&gateway.snapshot().config)),
-            (&Method::POST, "/admin/reload") => match gateway.reload() {
+            (&Method::GET, "/admin/config") => (200, json(&redacted(&gateway.snapshot().config))),
+            (&Method::POST, "/admin/reload") => match reload_apart(gateway).await {
                 Ok(()) => (200, br#"{"status":"reloaded"}"#.to_vec()),
                 Err(errors) => {
                     let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
@@ -123,6 +134,54 @@ impl HttpServerApp for AdminApp {
         let ok = respond::send_json(&mut session, status, body, &[]).await;
         finish(session, ok).await
     }
+}
+
+/// Checks the admin token, when there is one.
+fn authorize(gateway: &Gateway, session: &ServerSession) -> Result<(), ApiError> {
+    let Some(token) = gateway.admin_token() else {
+        return Ok(());
+    };
+    let presented = session
+        .get_header(http::header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+    match presented {
+        Some(p) if token_matches(p, token.as_bytes()) => Ok(()),
+        _ => Err(ApiError::new(
+            ErrorKind::Unauthorized,
+            "the admin API needs its token: `Authorization: Bearer TOKEN` (admin_token_file)",
+        )),
+    }
+}
+
+/// The config as `/admin/config` shows it: every key hash replaced, so that nothing that
+/// admits a request leaves the gateway.
+fn redacted(config: &crate::config::GatewayConfig) -> serde_json::Value {
+    let mut v = serde_json::to_value(config).unwrap_or_default();
+    if let Some(tenants) = v.get_mut("tenants").and_then(|t| t.as_object_mut()) {
+        for tenant in tenants.values_mut() {
+            if let Some(keys) = tenant.get_mut("api_keys").and_then(|k| k.as_array_mut()) {
+                for key in keys {
+                    *key = "<redacted>".into();
+                }
+            }
+        }
+    }
+    v
+}
+
+/// Reloads on a blocking thread: reading and checking a config (tokenizers included) must not
+/// hold up the admin listener's other requests, agents' reports among them.
+async fn reload_apart(gateway: &Arc<Gateway>) -> Result<(), Vec<crate::ConfigError>> {
+    let gateway = Arc::clone(gateway);
+    tokio::task::spawn_blocking(move || gateway.reload())
+        .await
+        .unwrap_or_else(|e| {
+            Err(vec![crate::ConfigError {
+                path: ".".into(),
+                line: None,
+                message: format!("the reload failed: {e}"),
+            }])
+        })
 }
 
 /// Explains how a chat or completion request body would be routed (chat when it has

@@ -1,10 +1,11 @@
-//! SLA classes: which class a request belongs to (the class header, else its API key, else
-//! the default class), and what the class means: its priority and queue in admission, whether
-//! it is shed instead of queued, the pool of replicas it may use and its routing weights.
+//! SLA classes: which class a request belongs to (the class header where the request may name
+//! one, else its tenant's, else the default class), and what the class means: its priority and
+//! queue in admission, whether it is shed instead of queued, the pool of replicas it may use and
+//! its routing weights.
 
 use crate::config::SlaConfig;
+use crate::tenants::Tenant;
 use kvgate_policies::{PolicyConfig, Weights};
-use kvgate_protocol::telemetry::token_matches;
 use kvgate_protocol::{ApiError, ErrorKind};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -34,7 +35,7 @@ pub struct Classes {
     header: String,
     default: Arc<Class>,
     by_name: BTreeMap<String, Arc<Class>>,
-    api_keys: Vec<(String, Arc<Class>)>,
+    trust_header: bool,
 }
 
 /// Queued requests per class at most.
@@ -99,25 +100,18 @@ impl Classes {
                 format!("`{}` is not one of the classes", sla.default_class),
             ));
         }
-        let mut api_keys = Vec::new();
-        for (key, class) in &sla.api_keys {
-            match by_name.get(class) {
-                _ if key.is_empty() => {
-                    errors.push(("api_keys".into(), "an API key is empty".into()))
-                }
-                Some(c) => api_keys.push((key.clone(), Arc::clone(c))),
-                None => errors.push((
-                    format!("api_keys.{}…", key.chars().take(4).collect::<String>()),
-                    format!("class `{class}` is not one of the classes"),
-                )),
-            }
+        if sla.api_keys.is_some() {
+            errors.push((
+                "api_keys".into(),
+                "API keys are no longer kept in clear here: list their hashes (kvgate hash-key) under `tenants`, each tenant with its `class`".into(),
+            ));
         }
         match default {
             Some(default) if errors.is_empty() => Ok(Classes {
                 header: sla.header.clone(),
                 default,
                 by_name,
-                api_keys,
+                trust_header: sla.trust_class_header,
             }),
             _ => Err(errors),
         }
@@ -128,50 +122,61 @@ impl Classes {
         &self.header
     }
 
-    /// A request's class: the one its header names (400 if unknown), else its API key's, else
-    /// the default.
+    /// Whether `name` is one of the classes.
+    pub fn contains(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+
+    /// A request's class: the one its header names (400 if unknown; 403 unless the header is
+    /// trusted or the tenant may use that class), else its tenant's, else the default.
     pub fn classify(
         &self,
         header: Option<&[u8]>,
-        authorization: Option<&[u8]>,
+        tenant: Option<&Tenant>,
     ) -> Result<Arc<Class>, ApiError> {
-        if let Some(name) = header {
-            let name = String::from_utf8_lossy(name);
-            return self.by_name.get(name.as_ref()).cloned().ok_or_else(|| {
-                let known: Vec<&str> = self.by_name.keys().map(String::as_str).collect();
-                ApiError::new(
-                    ErrorKind::InvalidRequest,
-                    format!(
-                        "unknown class `{name}` in `{}` (known: {})",
-                        self.header,
-                        known.join(", ")
-                    ),
-                )
-                .with_param(&self.header)
-            });
+        let by_name = |name: &str| self.by_name.get(name).cloned();
+        let Some(name) = header else {
+            let own = tenant.and_then(|t| t.class.as_deref()).and_then(by_name);
+            return Ok(own.unwrap_or_else(|| Arc::clone(&self.default)));
+        };
+        let name = String::from_utf8_lossy(name);
+        let class = by_name(&name).ok_or_else(|| {
+            let known: Vec<&str> = self.by_name.keys().map(String::as_str).collect();
+            ApiError::new(
+                ErrorKind::InvalidRequest,
+                format!(
+                    "unknown class `{name}` in `{}` (known: {})",
+                    self.header,
+                    known.join(", ")
+                ),
+            )
+            .with_param(&self.header)
+        })?;
+        let allowed =
+            self.trust_header || tenant.is_some_and(|t| t.allowed_classes.contains(name.as_ref()));
+        if allowed {
+            return Ok(class);
         }
-        let key = authorization.and_then(|a| a.strip_prefix(b"Bearer "));
-        if let Some(key) = key {
-            // Every key is compared, in constant time each, so timing does not tell which
-            // matched.
-            let mut found = None;
-            for (k, class) in &self.api_keys {
-                if token_matches(key, k.as_bytes()) {
-                    found = Some(class);
-                }
-            }
-            if let Some(class) = found {
-                return Ok(Arc::clone(class));
-            }
-        }
-        Ok(Arc::clone(&self.default))
+        let message = match tenant {
+            Some(t) => format!(
+                "tenant `{}` may not use class `{name}` (its classes: {})",
+                t.name,
+                t.allowed_classes.iter().cloned().collect::<Vec<_>>().join(", ")
+            ),
+            None => format!(
+                "`{}` is honoured only for tenants allowed that class (or with sla.trust_class_header)",
+                self.header
+            ),
+        };
+        Err(ApiError::new(ErrorKind::Forbidden, message).with_param(&self.header))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ClassConfig;
+    use crate::config::{ClassConfig, TenantConfig};
+    use crate::tenants::{hash_api_key, Tenants};
 
     fn class(priority: u32) -> ClassConfig {
         ClassConfig {
@@ -185,60 +190,100 @@ mod tests {
         }
     }
 
-    fn sla() -> SlaConfig {
+    fn sla(trust_class_header: bool) -> SlaConfig {
         let mut batch = class(0);
         batch.weights.insert("load".into(), 7.0);
         batch.pool.insert("tier".into(), "batch".into());
         SlaConfig {
             header: "x-kvgate-class".into(),
             default_class: "interactive".into(),
-            classes: [("interactive".into(), class(2)), ("batch".into(), batch)].into(),
-            api_keys: [("sk-batch".into(), "batch".into())].into(),
+            classes: [
+                ("interactive".into(), class(2)),
+                ("batch".into(), batch),
+                ("gold".into(), class(9)),
+            ]
+            .into(),
+            trust_class_header,
+            api_keys: None,
+        }
+    }
+
+    fn tenant(key: &str, class: Option<&str>, allowed: &[&str]) -> TenantConfig {
+        TenantConfig {
+            api_keys: vec![hash_api_key(key.as_bytes())],
+            class: class.map(str::to_string),
+            allowed_classes: allowed.iter().map(|c| c.to_string()).collect(),
+            max_concurrent: None,
+            tokens_per_minute: None,
         }
     }
 
     #[test]
-    fn header_then_api_key_then_default() -> Result<(), String> {
-        let classes =
-            Classes::build(&sla(), &PolicyConfig::default()).map_err(|e| format!("{e:?}"))?;
-        let name =
-            |h: Option<&[u8]>, a: Option<&[u8]>| classes.classify(h, a).map(|c| c.name.clone());
-        assert_eq!(name(Some(b"batch"), None).ok(), Some("batch".into()));
-        assert_eq!(
-            name(Some(b"interactive"), Some(b"Bearer sk-batch")).ok(),
-            Some("interactive".into())
+    fn the_header_counts_only_where_allowed_then_the_tenant_then_the_default() {
+        let classes = Classes::build(&sla(false), &PolicyConfig::default()).unwrap();
+        let tenants = Tenants::build(
+            &[
+                (
+                    "batchy".to_string(),
+                    tenant("sk-b", Some("batch"), &["interactive"]),
+                ),
+                ("plain".to_string(), tenant("sk-p", None, &[])),
+            ]
+            .into(),
+            None,
         );
+        let batchy = tenants.authenticate(Some(b"Bearer sk-b")).unwrap();
+        let plain = tenants.authenticate(Some(b"Bearer sk-p")).unwrap();
+        let name = |h: Option<&[u8]>, t: Option<&Tenant>| {
+            classes
+                .classify(h, t)
+                .map(|c| c.name.clone())
+                .map_err(|e| e.status())
+        };
+        assert_eq!(name(None, Some(&batchy)), Ok("batch".into()));
+        assert_eq!(name(None, Some(&plain)), Ok("interactive".into()));
+        assert_eq!(name(None, None), Ok("interactive".into()));
         assert_eq!(
-            name(None, Some(b"Bearer sk-batch")).ok(),
-            Some("batch".into())
+            name(Some(b"interactive"), Some(&batchy)),
+            Ok("interactive".into())
         );
+        assert_eq!(name(Some(b"batch"), Some(&batchy)), Ok("batch".into()));
         assert_eq!(
-            name(None, Some(b"Bearer other")).ok(),
-            Some("interactive".into())
+            name(Some(b"gold"), Some(&batchy)),
+            Err(403),
+            "not among its classes"
         );
-        let e = classes
-            .classify(Some(b"gold"), None)
-            .err()
-            .map(|e| e.message)
-            .unwrap_or_default();
-        assert!(e.contains("known: batch, interactive"), "{e}");
-        let batch = classes
-            .classify(Some(b"batch"), None)
-            .map_err(|e| e.message)?;
+        assert_eq!(name(Some(b"gold"), Some(&plain)), Err(403));
+        assert_eq!(
+            name(Some(b"gold"), None),
+            Err(403),
+            "no tenant, untrusted header"
+        );
+        assert_eq!(name(Some(b"platinum"), Some(&batchy)), Err(400));
+        let e = classes.classify(Some(b"platinum"), None).err().unwrap();
+        assert!(
+            e.message.contains("known: batch, gold, interactive"),
+            "{}",
+            e.message
+        );
+
+        let trusting = Classes::build(&sla(true), &PolicyConfig::default()).unwrap();
+        let gold = trusting.classify(Some(b"gold"), None).unwrap();
+        assert_eq!(gold.name, "gold");
+        let batch = trusting.classify(Some(b"batch"), None).unwrap();
         assert_eq!(batch.weights.load, 7.0);
         assert_eq!(batch.weights.prefix, PolicyConfig::default().weights.prefix);
         assert!(
             batch.admits(&[("tier".into(), "batch".into()), ("zone".into(), "a".into())].into())
         );
         assert!(!batch.admits(&BTreeMap::new()));
-        Ok(())
     }
 
     #[test]
     fn every_problem_is_reported() {
-        let mut bad = sla();
-        bad.default_class = "gold".into();
-        bad.api_keys.insert("sk-x".into(), "silver".into());
+        let mut bad = sla(false);
+        bad.default_class = "silver".into();
+        bad.api_keys = Some(serde_json::json!({"sk-x": "batch"}));
         let mut c = class(1);
         c.weights.insert("speed".into(), 1.0);
         c.preset = Some("fastest".into());
@@ -250,7 +295,7 @@ mod tests {
         let paths: Vec<&str> = errors.iter().map(|(p, _)| p.as_str()).collect();
         for want in [
             "default_class",
-            "api_keys.sk-x…",
+            "api_keys",
             "classes.odd.weights.speed",
             "classes.odd.preset",
             "classes.odd.max_queue",

@@ -7,6 +7,7 @@ use crate::classes::{Class, Classes};
 use crate::config::{self, ConfigError, GatewayConfig};
 use crate::metrics::Metrics;
 use crate::replica::{AdapterStatus, Freshness, InFlight, ModelMatch, Replica};
+use crate::tenants::Tenants;
 use crate::tokenizers::{self, TokenModes};
 use kvgate_policies::{
     Applied, Candidate, Decision, FleetView, Policy, ReplicaId, ReplicaView, RequestFeatures,
@@ -27,6 +28,8 @@ pub struct Snapshot {
     pub tokenizers: TokenModes,
     /// SLA classes, when configured.
     pub classes: Option<Classes>,
+    /// Tenants, when configured: then every request needs one of their keys.
+    pub tenants: Option<Tenants>,
 }
 
 impl Snapshot {
@@ -43,8 +46,8 @@ impl Snapshot {
 pub struct Gateway {
     config_path: Option<PathBuf>,
     current: RwLock<Arc<Snapshot>>,
-    /// The agents' bearer token, read from `agents.token_file` at load and reload.
-    agent_token: RwLock<Option<String>>,
+    /// The bearer tokens, read from their files at load and reload.
+    tokens: RwLock<Tokens>,
     /// Replicas that joined by reporting (`agents.join: open`), kept across reloads.
     joined: Mutex<Vec<config::ReplicaConfig>>,
     /// The clock routing state (session bindings) is kept by.
@@ -78,9 +81,10 @@ impl Gateway {
         })?;
         let policy = Policy::new(config.policy.clone());
         let replicas = build_replicas(&config, &[], &[])?;
-        let token = read_agent_token(&config)?;
+        let tokens = read_tokens(&config)?;
         let tokenizers = tokenizers::load(&config, &TokenModes::new())?;
         let classes = build_classes(&config)?;
+        let tenants = build_tenants(&config, None);
         let gateway = Gateway {
             config_path,
             current: RwLock::new(Arc::new(Snapshot {
@@ -88,8 +92,9 @@ impl Gateway {
                 replicas,
                 tokenizers,
                 classes,
+                tenants,
             })),
-            agent_token: RwLock::new(token),
+            tokens: RwLock::new(tokens),
             joined: Mutex::new(Vec::new()),
             epoch: Instant::now(),
             policy: Mutex::new(policy),
@@ -134,13 +139,11 @@ impl Gateway {
         }
         let joined = self.joined.lock().unwrap_or_else(PoisonError::into_inner);
         let replicas = build_replicas(&config, &joined, &old.replicas)?;
-        let token = read_agent_token(&config)?;
+        let tokens = read_tokens(&config)?;
         let tokenizers = tokenizers::load(&config, &old.tokenizers)?;
         let classes = build_classes(&config)?;
-        *self
-            .agent_token
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = token;
+        let tenants = build_tenants(&config, old.tenants.as_ref());
+        *self.tokens.write().unwrap_or_else(PoisonError::into_inner) = tokens;
         self.policy
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -150,6 +153,7 @@ impl Gateway {
             replicas,
             tokenizers,
             classes,
+            tenants,
         });
         drop(joined);
         self.sync_policy_members();
@@ -164,9 +168,19 @@ impl Gateway {
 
     /// The token agents must present, when agent reports are on.
     pub fn agent_token(&self) -> Option<String> {
-        self.agent_token
+        self.tokens
             .read()
             .unwrap_or_else(PoisonError::into_inner)
+            .agent
+            .clone()
+    }
+
+    /// The token the admin API asks for, when it has one.
+    pub fn admin_token(&self) -> Option<String> {
+        self.tokens
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .admin
             .clone()
     }
 
@@ -181,6 +195,17 @@ impl Gateway {
                 .cloned()
         };
         if let Some(r) = find(&self.snapshot()) {
+            // Another agent using this replica's name would void its cache state with every
+            // report (each looks like a restart).
+            if !same_server(&r.config.url, &report.url) {
+                return Err(ApiError::new(
+                    ErrorKind::Forbidden,
+                    format!(
+                        "replica `{}` is {}, but this report is for {}: another agent uses its name?",
+                        r.name, r.config.url, report.url
+                    ),
+                ));
+            }
             return Ok(r);
         }
         let open = self
@@ -229,6 +254,7 @@ impl Gateway {
             replicas,
             tokenizers: old.tokenizers.clone(),
             classes: old.classes.clone(),
+            tenants: old.tenants.clone(),
         });
         let joined_replica = find(&snap);
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = snap;
@@ -509,19 +535,41 @@ fn build_classes(config: &GatewayConfig) -> Result<Option<Classes>, Vec<ConfigEr
         })
 }
 
-fn read_agent_token(config: &GatewayConfig) -> Result<Option<String>, Vec<ConfigError>> {
-    config
-        .agents
-        .as_ref()
-        .map(|a| config::read_token(&a.token_file))
-        .transpose()
-        .map_err(|message| {
+/// Whether two replica URLs name one server.
+fn same_server(a: &str, b: &str) -> bool {
+    match (config::resolve_url(a), config::resolve_url(b)) {
+        (Ok(a), Ok(b)) => a.addr == b.addr,
+        _ => a.trim_end_matches('/') == b.trim_end_matches('/'),
+    }
+}
+
+fn build_tenants(config: &GatewayConfig, old: Option<&Tenants>) -> Option<Tenants> {
+    (!config.tenants.is_empty()).then(|| Tenants::build(&config.tenants, old))
+}
+
+/// Bearer tokens the gateway asks for.
+struct Tokens {
+    agent: Option<String>,
+    admin: Option<String>,
+}
+
+fn read_tokens(config: &GatewayConfig) -> Result<Tokens, Vec<ConfigError>> {
+    let read = |file: Option<&std::path::Path>, path: &str| {
+        file.map(config::read_token).transpose().map_err(|message| {
             vec![ConfigError {
-                path: "agents.token_file".into(),
+                path: path.into(),
                 line: None,
                 message,
             }]
         })
+    };
+    Ok(Tokens {
+        agent: read(
+            config.agents.as_ref().map(|a| a.token_file.as_path()),
+            "agents.token_file",
+        )?,
+        admin: read(config.admin_token_file.as_deref(), "admin_token_file")?,
+    })
 }
 
 /// The configured replicas, then those that joined by reporting (unless now configured),

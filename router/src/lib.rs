@@ -11,10 +11,12 @@ mod health;
 mod metrics;
 mod proxy;
 mod replica;
+mod tenants;
 mod tokenizers;
 
 pub use config::{ConfigError, GatewayConfig};
 pub use gateway::Gateway;
+pub use tenants::hash_api_key;
 
 use pingora_core::server::configuration::ServerConf;
 use pingora_core::server::Server;
@@ -28,6 +30,24 @@ use std::sync::Arc;
 pub enum StartError {
     #[error("invalid configuration:\n{}", .0.iter().map(|e| format!("  {e}")).collect::<Vec<_>>().join("\n"))]
     Config(Vec<ConfigError>),
+    #[error("cannot listen on {addr} ({what}): {error}")]
+    Listen {
+        what: &'static str,
+        addr: String,
+        error: std::io::Error,
+    },
+}
+
+/// Fails at once on an address that cannot be listened on (taken, say): Pingora would log it
+/// and run on without that listener.
+fn check_listen(what: &'static str, addr: &str) -> Result<(), StartError> {
+    std::net::TcpListener::bind(addr)
+        .map(drop)
+        .map_err(|error| StartError::Listen {
+            what,
+            addr: addr.to_string(),
+            error,
+        })
 }
 
 /// Validates a config file: every error, or nothing.
@@ -49,6 +69,12 @@ pub fn run(path: &Path, listen: Option<String>) -> Result<(), StartError> {
         config.listen.clone(),
         config.admin_listen.clone(),
     );
+    for addr in listen.addresses() {
+        check_listen("listen", addr)?;
+    }
+    if let Some(addr) = &admin {
+        check_listen("admin_listen", addr)?;
+    }
     let gateway =
         Arc::new(Gateway::new(config, Some(path.to_path_buf())).map_err(StartError::Config)?);
 

@@ -39,6 +39,15 @@ pub struct Metrics {
     pub queue_depth: IntGaugeVec,
     /// Requests refused admission, by class and reason: shed, queue_full, deadline.
     pub refused: IntCounterVec,
+    /// Requests admitted per tenant.
+    pub tenant_requests: IntCounterVec,
+    /// Tokens charged per tenant (prompt plus max_tokens).
+    pub tenant_tokens: IntCounterVec,
+    /// Requests refused by a tenant's limits, by tenant and limit: concurrency, tokens.
+    pub tenant_refused: IntCounterVec,
+    /// Requests refused before reaching a tenant: a missing or unknown key.
+    pub unauthorized: IntCounter,
+    pub tenant_in_flight: IntGaugeVec,
 }
 
 impl Metrics {
@@ -76,6 +85,11 @@ impl Metrics {
             "Clients that went away before their response ended (the upstream request is cancelled)",
         )?;
         registry.register(Box::new(client_disconnects.clone()))?;
+        let unauthorized = IntCounter::new(
+            "kvgate_unauthorized_total",
+            "Requests refused for a missing or unknown API key",
+        )?;
+        registry.register(Box::new(unauthorized.clone()))?;
         Ok(Metrics {
             requests: counter(
                 "kvgate_requests_total",
@@ -146,6 +160,27 @@ impl Metrics {
                 "kvgate_admission_refused_total",
                 "Requests refused admission, by SLA class and reason",
                 &["class", "reason"],
+            )?,
+            tenant_requests: counter(
+                "kvgate_tenant_requests_total",
+                "Requests admitted, by tenant",
+                &["tenant"],
+            )?,
+            tenant_tokens: counter(
+                "kvgate_tenant_tokens_total",
+                "Tokens charged to each tenant (prompt plus max_tokens)",
+                &["tenant"],
+            )?,
+            tenant_refused: counter(
+                "kvgate_tenant_refused_total",
+                "Requests refused by a tenant's limits, by tenant and limit",
+                &["tenant", "limit"],
+            )?,
+            unauthorized,
+            tenant_in_flight: gauge(
+                "kvgate_tenant_in_flight",
+                "Requests in flight per tenant",
+                &["tenant"],
             )?,
             registry,
         })

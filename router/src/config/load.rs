@@ -60,8 +60,75 @@ pub fn preset(name: &str) -> Result<kvgate_policies::PolicyConfig, String> {
     serde_yaml_ng::from_str(text).map_err(|e| format!("preset {name}: {e}"))
 }
 
+/// Largest config accepted, in bytes.
+const MAX_CONFIG_BYTES: usize = 1 << 20;
+/// Deepest nesting of flow collections (`[`, `{`) accepted: the YAML parser takes time
+/// quadratic in it (a 40 KB file of nested brackets took seconds).
+const MAX_FLOW_DEPTH: usize = 64;
+
+/// Refuses text the YAML parser would take too long on, before it sees it.
+fn check_shape(text: &str) -> Result<(), Vec<ConfigError>> {
+    let error = |line: Option<usize>, message: String| {
+        Err(vec![ConfigError {
+            path: ".".into(),
+            line,
+            message,
+        }])
+    };
+    if text.len() > MAX_CONFIG_BYTES {
+        return error(
+            None,
+            format!(
+                "the config has {} bytes, more than the {MAX_CONFIG_BYTES} accepted",
+                text.len()
+            ),
+        );
+    }
+    let (mut depth, mut line) = (0usize, 1);
+    let mut quote: Option<char> = None;
+    let mut chars = text.chars().peekable();
+    let mut previous = '\n';
+    while let Some(c) = chars.next() {
+        match (quote, c) {
+            (_, '\n') => {
+                line += 1;
+                // A single-quoted or plain scalar never spans a comment; a double-quoted
+                // one may span lines.
+                if quote == Some('\'') {
+                    quote = None;
+                }
+            }
+            (Some('"'), '\\') => {
+                chars.next();
+            }
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '"' | '\'') => quote = Some(c),
+            (None, '#') if previous.is_whitespace() => {
+                while chars.peek().is_some_and(|&c| c != '\n') {
+                    chars.next();
+                }
+            }
+            (None, '[' | '{') => {
+                depth += 1;
+                if depth > MAX_FLOW_DEPTH {
+                    return error(
+                        Some(line),
+                        format!("collections nested deeper than {MAX_FLOW_DEPTH} levels"),
+                    );
+                }
+            }
+            (None, ']' | '}') => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        previous = c;
+    }
+    Ok(())
+}
+
 /// Parses and validates config text.
 pub fn parse_str(text: &str) -> Result<GatewayConfig, Vec<ConfigError>> {
+    check_shape(text)?;
     let preset = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(text)
         .ok()
         .and_then(|v| v.get("policy")?.get("preset").cloned());
@@ -226,6 +293,25 @@ mod tests {
             .unwrap_err();
         assert_eq!(errs[0].path, "retries.attempts");
         assert_eq!(errs[0].line, Some(4));
+    }
+
+    #[test]
+    fn deep_nesting_and_huge_files_are_refused_before_parsing() {
+        let base = "listen: \"127.0.0.1:1\"\nreplicas: []\n";
+        let deep = format!("{base}x: {}{}\n", "[".repeat(20_000), "]".repeat(20_000));
+        let errs = parse_str(&deep).unwrap_err();
+        assert!(errs[0].message.contains("nested deeper"), "{}", errs[0]);
+        assert_eq!(errs[0].line, Some(3));
+        // Brackets inside quotes and comments are text.
+        let quoted = format!(
+            "{base}# {}\npolicy: {{preset: \"{}\"}}\n",
+            "[".repeat(100),
+            "{".repeat(100)
+        );
+        let errs = parse_str(&quoted).unwrap_err();
+        assert_eq!(errs[0].path, "policy.preset", "{errs:?}");
+        let huge = format!("{base}#{}\n", "x".repeat(MAX_CONFIG_BYTES));
+        assert!(parse_str(&huge).unwrap_err()[0].message.contains("bytes"));
     }
 
     #[test]

@@ -19,6 +19,10 @@ pub struct GatewayConfig {
     /// Admin API listener (replicas, explain, reload, metrics). Off when absent.
     #[serde(default)]
     pub admin_listen: Option<String>,
+    /// File holding the admin API's bearer token, asked of every `/admin/` route (read at load
+    /// and at each reload). Required when `admin_listen` is not a loopback address.
+    #[serde(default)]
+    pub admin_token_file: Option<std::path::PathBuf>,
     /// Worker threads of the proxy runtime.
     #[serde(default = "defaults::threads")]
     pub threads: usize,
@@ -48,6 +52,31 @@ pub struct GatewayConfig {
     /// when absent (every request is routed at once).
     #[serde(default)]
     pub sla: Option<SlaConfig>,
+    /// Who may send requests: each tenant's API keys (as hashes), class and limits. When set,
+    /// every request needs a key of one of them (401 otherwise).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tenants: BTreeMap<String, TenantConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// SHA-256 hashes of the tenant's keys (`sha256:` and 64 hex digits, as `kvgate hash-key`
+    /// prints them); requests send the key itself (`Authorization: Bearer KEY`).
+    pub api_keys: Vec<String>,
+    /// The SLA class of the tenant's requests (default: `sla.default_class`).
+    #[serde(default)]
+    pub class: Option<String>,
+    /// Other classes its requests may ask for with the class header (403 for any else).
+    #[serde(default)]
+    pub allowed_classes: Vec<String>,
+    /// Requests in flight at once; more get 429 with `Retry-After`.
+    #[serde(default)]
+    pub max_concurrent: Option<u32>,
+    /// Tokens admitted per minute, each request charged its prompt plus its `max_tokens`
+    /// (1,024 when unset); more get 429 with `Retry-After`.
+    #[serde(default)]
+    pub tokens_per_minute: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -59,10 +88,13 @@ pub struct SlaConfig {
     /// The class of requests that name none (by header or API key).
     pub default_class: String,
     pub classes: BTreeMap<String, ClassConfig>,
-    /// API keys (`Authorization: Bearer KEY`) and the class each one's requests belong to;
-    /// the header, when present, wins.
+    /// Honour the class header from any client. Otherwise only a tenant's requests may name a
+    /// class, one of its `allowed_classes` (403 for others).
     #[serde(default)]
-    pub api_keys: BTreeMap<String, String>,
+    pub trust_class_header: bool,
+    /// Refused with a pointer to `tenants`: keys are no longer kept in clear.
+    #[serde(default, skip_serializing)]
+    pub api_keys: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -67,11 +67,29 @@ pub(super) fn validate(c: &GatewayConfig) -> Vec<ConfigError> {
         }
     }
     if let Some(a) = &c.admin_listen {
-        if a.parse::<SocketAddr>().is_err() {
-            err(
+        match a.parse::<SocketAddr>() {
+            Err(_) => err(
                 "admin_listen".into(),
                 format!("`{a}` is not an IP:PORT socket address"),
+            ),
+            Ok(addr) if !addr.ip().is_loopback() && c.admin_token_file.is_none() => err(
+                "admin_token_file".into(),
+                format!(
+                    "the admin API on `{a}`, beyond loopback, needs a token: set admin_token_file"
+                ),
+            ),
+            Ok(_) => {}
+        }
+    }
+    if let Some(path) = &c.admin_token_file {
+        if c.admin_listen.is_none() {
+            err(
+                "admin_token_file".into(),
+                "there is no admin listener to protect: set admin_listen".into(),
             );
+        }
+        if let Err(e) = super::read_token(path) {
+            err("admin_token_file".into(), e);
         }
     }
     if !(1..=256).contains(&c.threads) {
@@ -152,9 +170,18 @@ pub(super) fn validate(c: &GatewayConfig) -> Vec<ConfigError> {
         }
     }
     let mut names = HashSet::new();
+    let mut addresses: Vec<(SocketAddr, usize)> = Vec::new();
     for (i, r) in c.replicas.iter().enumerate() {
-        if let Err(e) = resolve_url(&r.url) {
-            err(format!("replicas[{i}].url"), e);
+        match resolve_url(&r.url) {
+            Err(e) => err(format!("replicas[{i}].url"), e),
+            Ok(up) => match addresses.iter().find(|(a, _)| *a == up.addr) {
+                // Two names for one server would split its load and cache state in two.
+                Some((_, first)) => err(
+                    format!("replicas[{i}].url"),
+                    format!("`{}` is the server of replicas[{first}] too", r.url),
+                ),
+                None => addresses.push((up.addr, i)),
+            },
         }
         if !names.insert(r.name()) {
             err(
@@ -247,7 +274,52 @@ pub(super) fn validate(c: &GatewayConfig) -> Vec<ConfigError> {
             }
         }
     }
+    validate_tenants(c, &mut err);
     errors
+}
+
+fn validate_tenants(c: &GatewayConfig, err: &mut impl FnMut(String, String)) {
+    let class_known = |name: &str| c.sla.as_ref().is_some_and(|s| s.classes.contains_key(name));
+    let mut hashes: Vec<(&str, &str)> = Vec::new();
+    for (name, t) in &c.tenants {
+        let path = |field: &str| format!("tenants.{name}.{field}");
+        if t.api_keys.is_empty() {
+            err(path("api_keys"), "at least one key hash is required".into());
+        }
+        for (i, key) in t.api_keys.iter().enumerate() {
+            if !crate::tenants::is_key_hash(key) {
+                // Never echo what may be a key in clear.
+                err(
+                    format!("tenants.{name}.api_keys[{i}]"),
+                    "must be a key's hash, `sha256:` and 64 lowercase hex digits (kvgate hash-key prints it)".into(),
+                );
+            } else if let Some((other, _)) = hashes.iter().find(|(_, h)| *h == key.as_str()) {
+                err(
+                    format!("tenants.{name}.api_keys[{i}]"),
+                    format!("the same key belongs to tenant `{other}`"),
+                );
+            } else {
+                hashes.push((name, key));
+            }
+        }
+        for class in t.class.iter().chain(&t.allowed_classes) {
+            if !class_known(class) {
+                err(
+                    path("class"),
+                    format!("`{class}` is not one of the classes under `sla.classes`"),
+                );
+            }
+        }
+        if t.max_concurrent == Some(0) {
+            err(path("max_concurrent"), "must be at least 1, got 0".into());
+        }
+        if t.tokens_per_minute == Some(0) {
+            err(
+                path("tokens_per_minute"),
+                "must be at least 1, got 0".into(),
+            );
+        }
+    }
 }
 
 #[cfg(test)]
@@ -300,6 +372,63 @@ mod tests {
         ));
         assert!(ok.is_ok(), "{ok:?}");
         assert_eq!(super::super::read_token(&token).unwrap(), "t0ken");
+    }
+
+    #[test]
+    fn one_server_cannot_be_two_replicas() {
+        let errs = parse_str(
+            "listen: \"127.0.0.1:1\"\nreplicas:\n  - url: \"http://127.0.0.1:9001\"\n  - url: \"http://localhost:9001/\"\n    id: b\n",
+        )
+        .unwrap_err();
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].path, "replicas[1].url");
+        assert!(errs[0].message.contains("replicas[0]"), "{}", errs[0]);
+    }
+
+    #[test]
+    fn the_admin_api_beyond_loopback_needs_a_token() {
+        let base = "listen: \"127.0.0.1:1\"\nreplicas:\n  - url: \"http://127.0.0.1:9001\"\n";
+        let errs = parse_str(&format!("{base}admin_listen: \"0.0.0.0:8081\"\n")).unwrap_err();
+        assert_eq!(errs[0].path, "admin_token_file");
+        assert!(parse_str(&format!("{base}admin_listen: \"127.0.0.1:8081\"\n")).is_ok());
+        let token = std::env::temp_dir().join(format!("kvgate-admin-token-{}", std::process::id()));
+        std::fs::write(&token, "s3cret\n").unwrap();
+        let with_token = format!(
+            "{base}admin_listen: \"0.0.0.0:8081\"\nadmin_token_file: {}\n",
+            token.display()
+        );
+        assert!(parse_str(&with_token).is_ok());
+        let errs =
+            parse_str(&format!("{base}admin_token_file: {}\n", token.display())).unwrap_err();
+        assert_eq!(errs[0].path, "admin_token_file", "no admin listener");
+    }
+
+    #[test]
+    fn tenants_hold_hashes_of_known_classes() {
+        let hash = crate::tenants::hash_api_key(b"sk-1");
+        let base = "listen: \"127.0.0.1:1\"\nreplicas:\n  - url: \"http://127.0.0.1:9001\"\nsla:\n  default_class: a\n  classes: {a: {}, b: {}}\n";
+        let ok = format!("{base}tenants:\n  t1: {{api_keys: [\"{hash}\"], class: b, allowed_classes: [a], max_concurrent: 4, tokens_per_minute: 1000}}\n");
+        assert!(parse_str(&ok).is_ok(), "{:?}", parse_str(&ok));
+        let bad = format!(
+            "{base}tenants:\n  t1: {{api_keys: [sk-in-clear], class: c, max_concurrent: 0}}\n  t2: {{api_keys: [\"{hash}\", \"{hash}\"]}}\n  t3: {{api_keys: [\"{hash}\"]}}\n"
+        );
+        let errs = parse_str(&bad).unwrap_err();
+        let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "tenants.t1.api_keys[0]",
+                "tenants.t1.class",
+                "tenants.t1.max_concurrent",
+                "tenants.t2.api_keys[1]",
+                "tenants.t3.api_keys[0]"
+            ],
+            "{errs:?}"
+        );
+        assert!(
+            errs.iter().all(|e| !e.message.contains("sk-in-clear")),
+            "{errs:?}"
+        );
     }
 
     #[test]

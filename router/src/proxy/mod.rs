@@ -6,6 +6,7 @@ pub mod request;
 pub mod respond;
 
 use crate::gateway::{Gateway, Snapshot};
+use crate::tenants::{Lease, Refusal, Tenant, UNSET_MAX_TOKENS_CHARGE};
 use async_trait::async_trait;
 use body::BodyError;
 use forward::{Forward, Outcome};
@@ -149,6 +150,21 @@ impl ProxyApp {
         let gateway = &self.gateway;
         let snapshot = gateway.snapshot();
         let route_label = endpoint.path();
+        // Who is asking comes first: nothing of an unknown client's body is read.
+        let tenant = match &snapshot.tenants {
+            None => None,
+            Some(tenants) => match tenants
+                .authenticate(session.get_header("authorization").map(|v| v.as_bytes()))
+            {
+                Ok(t) => Some(t),
+                Err(error) => {
+                    gateway.metrics.unauthorized.inc();
+                    session.set_keepalive(None);
+                    self.reject(session, route_label, error, request_id).await;
+                    return Outcome::Close;
+                }
+            },
+        };
         let body = match body::read_body(session, snapshot.config.limits.max_body_bytes).await {
             Ok(body) => body,
             Err(BodyError::TooLarge(error)) => {
@@ -176,8 +192,8 @@ impl ProxyApp {
         let class = match &snapshot.classes {
             None => None,
             Some(classes) => {
-                let header = |name: &str| session.get_header(name).map(|v| v.as_bytes());
-                match classes.classify(header(classes.header()), header("authorization")) {
+                let header = session.get_header(classes.header()).map(|v| v.as_bytes());
+                match classes.classify(header, tenant.as_deref()) {
                     Ok(class) => {
                         routed.features.weights = Some(class.weights.clone());
                         Some(class)
@@ -187,6 +203,33 @@ impl ProxyApp {
                     }
                 }
             }
+        };
+        // Held until the response ends: the tenant's request in flight.
+        let _lease = match &tenant {
+            None => None,
+            Some(t) => match self.admit_tenant(t, &routed) {
+                Ok(lease) => Some(lease),
+                Err(refusal) => {
+                    let status = refusal.error.status().to_string();
+                    gateway
+                        .metrics
+                        .requests
+                        .with_label_values(&[route_label, &status, "none"])
+                        .inc();
+                    let sent = respond::send_error_after(
+                        session,
+                        &refusal.error,
+                        request_id,
+                        refusal.retry_after,
+                    )
+                    .await;
+                    return if sent {
+                        Outcome::Complete
+                    } else {
+                        Outcome::Close
+                    };
+                }
+            },
         };
         let admitted = gateway
             .admit(&snapshot, &routed.model, &routed.features, class.as_ref())
@@ -210,6 +253,37 @@ impl ProxyApp {
             debug,
         };
         forward.run(session, route).await
+    }
+}
+
+impl ProxyApp {
+    /// Counts a tenant's request against its limits: in flight, and its prompt plus its
+    /// output limit against its tokens per minute.
+    fn admit_tenant(
+        &self,
+        tenant: &Tenant,
+        routed: &request::RoutedRequest,
+    ) -> Result<Lease, Refusal> {
+        let output = routed
+            .max_output_tokens
+            .map_or(UNSET_MAX_TOKENS_CHARGE, u64::from);
+        let tokens = routed.features.prompt_tokens.saturating_add(output);
+        let m = &self.gateway.metrics;
+        match tenant.admit(tokens, Instant::now()) {
+            Ok(lease) => {
+                m.tenant_requests.with_label_values(&[&tenant.name]).inc();
+                m.tenant_tokens
+                    .with_label_values(&[&tenant.name])
+                    .inc_by(tokens);
+                Ok(lease)
+            }
+            Err(refusal) => {
+                m.tenant_refused
+                    .with_label_values(&[&tenant.name, refusal.limit.label()])
+                    .inc();
+                Err(refusal)
+            }
+        }
     }
 }
 

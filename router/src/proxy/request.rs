@@ -10,6 +10,8 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 pub struct RoutedRequest {
     pub model: String,
     pub features: RequestFeatures,
+    /// The request's output limit, if it sets one.
+    pub max_output_tokens: Option<u32>,
 }
 
 /// What a request is parsed with.
@@ -50,6 +52,7 @@ pub fn parse(
             now_ms: cx.now_ms,
             ..features
         },
+        max_output_tokens: request.max_output_tokens(),
         model: request.model,
     })
 }

@@ -53,11 +53,22 @@ pub async fn send_json(
     send(session, status, "application/json", body, headers).await
 }
 
-/// Sends an OpenAI-style error; 503 and 429 carry `Retry-After`.
+/// Sends an OpenAI-style error; 503 and 429 carry `Retry-After` (one second).
 pub async fn send_error(session: &mut ServerSession, error: &ApiError, request_id: &str) -> bool {
+    send_error_after(session, error, request_id, None).await
+}
+
+/// [`send_error`] with the `Retry-After` a 503 or 429 carries, in whole seconds (at least 1).
+pub async fn send_error_after(
+    session: &mut ServerSession,
+    error: &ApiError,
+    request_id: &str,
+    retry_after: Option<std::time::Duration>,
+) -> bool {
     let mut headers = vec![("x-request-id", request_id.to_string())];
     if matches!(error.status(), 503 | 429) {
-        headers.push(("retry-after", "1".to_string()));
+        let seconds = retry_after.map_or(1, |d| d.as_secs_f64().ceil().max(1.0) as u64);
+        headers.push(("retry-after", seconds.to_string()));
     }
     send_json(session, error.status(), error.to_json(), &headers).await
 }
