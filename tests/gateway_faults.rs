@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 fn body_of_size(bytes: usize) -> Vec<u8> {
     let filler = "x".repeat(bytes);
@@ -362,4 +362,38 @@ async fn a_worker_killed_under_load_fails_only_its_streams_and_returns_when_heal
         reached |= answer.replica.as_deref() == Some(b.id().as_str());
     }
     assert!(reached, "the restarted worker gets traffic again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_passes_health_checks_but_fails_requests_is_ejected_for_longer_each_time() {
+    // Every request to `bad` gets a 500, while its /health keeps answering 200.
+    let bad = Worker::start(&["--error-rate", "1.0", "--error-status", "500"]).await;
+    wait_ok(&format!("{}/health", bad.url())).await;
+    let good = Worker::start(&[]).await;
+    let gw = Gateway::start(
+        &[&bad, &good],
+        "health:\n  interval_ms: 100\n  eject_after_failures: 2\n  ejection_base_ms: 300\n  ejection_max_ms: 60000\n",
+    )
+    .await;
+    let c = client();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        for i in 0..4 {
+            let _ = send(
+                &c,
+                &gw.url(),
+                "/v1/completions",
+                &completion(&format!("q{i}"), false),
+            )
+            .await;
+        }
+        let replicas = gw.replicas().await;
+        let row = replicas.iter().find(|r| r["id"] == bad.id()).unwrap();
+        // Three ejections in a row: 300, 600 and 1,200 ms, health checks passing between.
+        if row["ejections_in_a_row"].as_u64().unwrap() >= 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the back-off never grew: {row}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -59,7 +59,8 @@ impl HttpServerApp for AdminApp {
         mut session: ServerSession,
         _shutdown: &ShutdownWatch,
     ) -> Option<ReusedHttpStream> {
-        if !matches!(session.read_request().await, Ok(true)) {
+        let limits = self.gateway.snapshot().config.limits.clone();
+        if !crate::proxy::header::read_header(&mut session, &limits).await {
             return None;
         }
         let method = session.req_header().method.clone();
@@ -114,12 +115,12 @@ impl HttpServerApp for AdminApp {
                     .headers
                     .get(http::header::AUTHORIZATION)
                     .map(|v| v.as_bytes().to_vec());
-                match read_all(&mut session).await {
+                match read_all(&mut session, &limits).await {
                     Some(body) => crate::agents::take_report(gateway, auth.as_deref(), &body),
                     None => return None,
                 }
             }
-            (&Method::POST, "/admin/explain") => match read_all(&mut session).await {
+            (&Method::POST, "/admin/explain") => match read_all(&mut session, &limits).await {
                 Some(body) => explain(gateway, &body),
                 None => return None,
             },
@@ -222,22 +223,29 @@ fn json<T: serde::Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec_pretty(value).unwrap_or_default()
 }
 
-async fn read_all(session: &mut ServerSession) -> Option<Vec<u8>> {
-    let mut body = BytesMut::new();
-    while let Some(chunk) = session.read_request_body().await.ok()? {
-        if body.len() + chunk.len() > ADMIN_BODY_LIMIT {
-            return None;
+/// The whole body, within [`ADMIN_BODY_LIMIT`] and the body deadline; `None` (the connection
+/// closes) otherwise.
+async fn read_all(session: &mut ServerSession, limits: &crate::config::Limits) -> Option<Vec<u8>> {
+    let read = async {
+        let mut body = BytesMut::new();
+        while let Some(chunk) = session.read_request_body().await.ok()? {
+            if body.len() + chunk.len() > ADMIN_BODY_LIMIT {
+                return None;
+            }
+            body.extend_from_slice(&chunk);
         }
-        body.extend_from_slice(&chunk);
-    }
-    Some(body.to_vec())
+        Some(body.to_vec())
+    };
+    let deadline = std::time::Duration::from_millis(limits.body_timeout_ms);
+    tokio::time::timeout(deadline, read).await.ok()?
 }
 
 async fn finish(session: ServerSession, ok: bool) -> Option<ReusedHttpStream> {
     if !ok {
         return None;
     }
-    let settings = HttpPersistentSettings::for_session(&session);
+    let mut settings = HttpPersistentSettings::for_session(&session);
+    settings.set_user_context(Box::new(crate::proxy::header::Reused));
     let stream = session.finish().await.ok()??;
     Some(ReusedHttpStream::from_reusable_stream(stream, settings))
 }

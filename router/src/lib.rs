@@ -93,7 +93,7 @@ pub fn run(path: &Path, listen: Option<String>) -> Result<(), StartError> {
 
     let mut proxy = Service::new(
         "kvgate proxy".into(),
-        proxy::ProxyApp::new(Arc::clone(&gateway)),
+        proxy::ProxyService::new(Arc::clone(&gateway)),
     );
     for addr in listen.addresses() {
         proxy.add_tcp(addr);

@@ -228,13 +228,15 @@ impl Replica {
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 
-    /// A request or check succeeded.
+    /// A request succeeded: the failure count and the ejection back-off start over. Only a
+    /// request can say so: a replica may answer its health checks and fail every request.
     pub fn record_success(&self) {
         self.consecutive_failures.store(0, Ordering::Release);
+        self.ejections.store(0, Ordering::Release);
     }
 
     /// A request or check failed; ejects after `eject_after_failures` in a row, for a back-off
-    /// that doubles with each ejection until a health check passes.
+    /// that doubles with each ejection until a request succeeds.
     pub fn record_failure(&self, health: &HealthConfig) -> FailureOutcome {
         let failures = self.consecutive_failures.fetch_add(1, Ordering::AcqRel) + 1;
         if failures < health.eject_after_failures || self.is_ejected() {
@@ -252,12 +254,11 @@ impl Replica {
         FailureOutcome::Ejected(Duration::from_millis(backoff))
     }
 
-    /// Result of an active health check. A pass ends any ejection back-off.
+    /// Result of an active health check. A pass makes the replica eligible again once its
+    /// ejection is over, and leaves the failure count and the back-off as they are.
     pub fn record_check(&self, passed: bool, health: &HealthConfig) -> FailureOutcome {
         if passed {
             self.healthy.store(true, Ordering::Release);
-            self.ejections.store(0, Ordering::Release);
-            self.record_success();
             FailureOutcome::Counted
         } else {
             let outcome = self.record_failure(health);
@@ -343,6 +344,7 @@ impl Replica {
             "in_flight": self.in_flight(),
             "prefill_backlog": self.prefill_backlog(),
             "consecutive_failures": self.consecutive_failures.load(Ordering::Acquire),
+            "ejections_in_a_row": self.ejections.load(Ordering::Acquire),
             "models": self.models(),
             "labels": self.config.labels,
             "last_scores": self.last_decision(),
@@ -440,6 +442,37 @@ mod tests {
         r.ejected_until_ms.store(0, Ordering::Release);
         r.record_check(true, &h);
         assert!(r.is_available());
+    }
+
+    #[test]
+    fn passing_health_checks_do_not_end_the_back_off_of_failing_requests() {
+        let r = replica();
+        let h = HealthConfig {
+            eject_after_failures: 2,
+            ejection_base_ms: 100,
+            ejection_max_ms: 10_000,
+            ..Default::default()
+        };
+        // Every request fails while /health keeps answering: each ejection lasts twice the
+        // one before.
+        for expected in [100, 200, 400, 800] {
+            assert_eq!(r.record_failure(&h), FailureOutcome::Counted);
+            r.record_check(true, &h);
+            assert_eq!(
+                r.record_failure(&h),
+                FailureOutcome::Ejected(Duration::from_millis(expected))
+            );
+            r.ejected_until_ms.store(0, Ordering::Release);
+            r.record_check(true, &h);
+            assert!(r.is_available());
+        }
+        // A request that succeeds starts the back-off over.
+        r.record_success();
+        r.record_failure(&h);
+        assert_eq!(
+            r.record_failure(&h),
+            FailureOutcome::Ejected(Duration::from_millis(100))
+        );
     }
 
     #[test]

@@ -221,12 +221,19 @@ impl ReplicaConfig {
 pub struct Limits {
     /// Largest request body accepted; larger ones get 413.
     pub max_body_bytes: u64,
+    /// A request's header must arrive whole within this (after a kept-alive connection's idle
+    /// time); else 408 and the connection closes.
+    pub header_timeout_ms: u64,
+    /// ... and its body within this; else 408 and the connection closes.
+    pub body_timeout_ms: u64,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_body_bytes: 32 * 1024 * 1024,
+            header_timeout_ms: 30_000,
+            body_timeout_ms: 60_000,
         }
     }
 }

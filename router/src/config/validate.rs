@@ -216,6 +216,14 @@ pub(super) fn validate(c: &GatewayConfig) -> Vec<ConfigError> {
             ),
         );
     }
+    for (name, v) in [
+        ("header_timeout_ms", c.limits.header_timeout_ms),
+        ("body_timeout_ms", c.limits.body_timeout_ms),
+    ] {
+        if v == 0 {
+            err(format!("limits.{name}"), "must be greater than 0".into());
+        }
+    }
     let t = &c.timeouts;
     for (name, v) in [
         ("connect_ms", t.connect_ms),

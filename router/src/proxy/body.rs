@@ -7,11 +7,30 @@ use pingora_core::protocols::http::ServerSession;
 pub enum BodyError {
     /// Over the limit: answer 413 and close the connection (the rest is unread).
     TooLarge(ApiError),
+    /// Not all there by the deadline: answer 408 and close the connection.
+    TooSlow(ApiError),
     /// The client went away or sent a broken body; nothing can be answered.
     Client(String),
 }
 
-pub async fn read_body(session: &mut ServerSession, limit: u64) -> Result<Bytes, BodyError> {
+/// Reads the whole body, at most `limit` bytes, within `timeout_ms` (a client sending a byte
+/// now and then cannot hold the connection).
+pub async fn read_body(
+    session: &mut ServerSession,
+    limit: u64,
+    timeout_ms: u64,
+) -> Result<Bytes, BodyError> {
+    let deadline = std::time::Duration::from_millis(timeout_ms);
+    match tokio::time::timeout(deadline, read_within(session, limit)).await {
+        Ok(read) => read,
+        Err(_) => Err(BodyError::TooSlow(ApiError::new(
+            ErrorKind::RequestTimeout,
+            format!("the request body did not arrive within {deadline:?} (limits.body_timeout_ms)"),
+        ))),
+    }
+}
+
+async fn read_within(session: &mut ServerSession, limit: u64) -> Result<Bytes, BodyError> {
     let too_large = |got: String| {
         BodyError::TooLarge(ApiError::new(
             ErrorKind::PayloadTooLarge,

@@ -187,7 +187,12 @@ impl Forward<'_> {
         } else {
             replica.record_success();
         }
-        let response = self.client_header(header, client, replica, candidate);
+        let mut response = self.client_header(header, client, replica, candidate);
+        if client.req_header().version == http::Version::HTTP_10 {
+            // HTTP/1.0 has no chunked encoding: the body ends when the connection does.
+            response.remove_header("transfer-encoding");
+            client.set_keepalive(None);
+        }
         if client
             .write_response_header(Box::new(response))
             .await
@@ -260,7 +265,17 @@ impl Forward<'_> {
                     error,
                 });
             }
-            match upstream.read_response_header().await {
+            let header = tokio::select! {
+                biased;
+                read = upstream.read_response_header() => read,
+                _ = client.read_body_or_idle(true) => {
+                    // The client left while the replica was still working on the prompt:
+                    // dropping the upstream session closes its connection, which cancels it.
+                    self.gateway.metrics.client_disconnects.inc();
+                    return Err(Attempt::Done(Outcome::Close, 499));
+                }
+            };
+            match header {
                 Ok(()) => return Ok(upstream),
                 Err(e) if reused && upstream.response_header().is_none() && !is_timeout(&e) => {
                     self.gateway

@@ -2,6 +2,7 @@
 
 mod body;
 mod forward;
+pub mod header;
 pub mod request;
 pub mod respond;
 
@@ -15,9 +16,10 @@ use kvgate_protocol::openai::Endpoint;
 use kvgate_protocol::openai::ModelList;
 use kvgate_protocol::{ApiError, ErrorKind};
 use pingora_core::apps::{
-    HttpPersistentSettings, HttpServerApp, HttpServerOptions, ReusedHttpStream,
+    HttpPersistentSettings, HttpServerApp, HttpServerOptions, ReusedHttpStream, ServerApp,
 };
 use pingora_core::protocols::http::ServerSession;
+use pingora_core::protocols::Stream;
 use pingora_core::server::ShutdownWatch;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -47,15 +49,13 @@ impl HttpServerApp for ProxyApp {
         mut session: ServerSession,
         shutdown: &ShutdownWatch,
     ) -> Option<ReusedHttpStream> {
-        match session.read_request().await {
-            Ok(true) => {}
-            Ok(false) => return None,
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot read request header");
-                return None;
-            }
+        if !header::read_header(&mut session, &self.gateway.snapshot().config.limits).await {
+            return None;
         }
-        session.set_keepalive(if *shutdown.borrow() { None } else { Some(60) });
+        // Pingora has read what the client asked for (HTTP/1.0 and `Connection: close` end
+        // the connection after the response); a stopping gateway keeps none.
+        let keep = !*shutdown.borrow() && session.get_keepalive().is_some();
+        session.set_keepalive(keep.then_some(header::KEEPALIVE_S));
         let request_id = request_id(&session);
         let span = tracing::info_span!("request", id = %request_id);
         let outcome = self
@@ -65,7 +65,8 @@ impl HttpServerApp for ProxyApp {
         if outcome == Outcome::Close {
             return None;
         }
-        let settings = HttpPersistentSettings::for_session(&session);
+        let mut settings = HttpPersistentSettings::for_session(&session);
+        settings.set_user_context(Box::new(header::Reused));
         match session.finish().await {
             Ok(stream) => stream.map(|s| ReusedHttpStream::from_reusable_stream(s, settings)),
             Err(_) => None,
@@ -74,6 +75,34 @@ impl HttpServerApp for ProxyApp {
 
     fn server_options(&self) -> Option<&HttpServerOptions> {
         Some(&self.options)
+    }
+}
+
+/// The listening service's app: [`ProxyApp`] behind a deadline for a connection's first bytes
+/// (see [`header::first_bytes`]).
+pub struct ProxyService(Arc<ProxyApp>);
+
+impl ProxyService {
+    pub fn new(gateway: Arc<Gateway>) -> Self {
+        ProxyService(Arc::new(ProxyApp::new(gateway)))
+    }
+}
+
+#[async_trait]
+impl ServerApp for ProxyService {
+    async fn process_new(
+        self: &Arc<Self>,
+        mut stream: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        if !header::first_bytes(&mut stream, &self.0.gateway.snapshot().config.limits).await {
+            return None;
+        }
+        self.0.process_new(stream, shutdown).await
+    }
+
+    async fn cleanup(&self) {
+        ServerApp::cleanup(self.0.as_ref()).await;
     }
 }
 
@@ -165,22 +194,29 @@ impl ProxyApp {
                 }
             },
         };
-        let body = match body::read_body(session, snapshot.config.limits.max_body_bytes).await {
-            Ok(body) => body,
-            Err(BodyError::TooLarge(error)) => {
-                // The rest of the body is unread: the connection cannot be reused. Discard
-                // what the client still sends for a moment (a lingering close, as nginx does),
-                // so that it can read the 413 instead of a connection reset.
-                session.set_keepalive(None);
-                self.reject(session, route_label, error, request_id).await;
-                let _ = tokio::time::timeout(LINGER, session.drain_request_body()).await;
-                return Outcome::Close;
-            }
-            Err(BodyError::Client(reason)) => {
-                tracing::debug!(%reason, "client failed while sending the body");
-                return Outcome::Close;
-            }
-        };
+        let limits = &snapshot.config.limits;
+        let body =
+            match body::read_body(session, limits.max_body_bytes, limits.body_timeout_ms).await {
+                Ok(body) => body,
+                Err(BodyError::TooLarge(error)) => {
+                    // The rest of the body is unread: the connection cannot be reused. Discard
+                    // what the client still sends for a moment (a lingering close, as nginx does),
+                    // so that it can read the 413 instead of a connection reset.
+                    session.set_keepalive(None);
+                    self.reject(session, route_label, error, request_id).await;
+                    let _ = tokio::time::timeout(LINGER, session.drain_request_body()).await;
+                    return Outcome::Close;
+                }
+                Err(BodyError::TooSlow(error)) => {
+                    session.set_keepalive(None);
+                    self.reject(session, route_label, error, request_id).await;
+                    return Outcome::Close;
+                }
+                Err(BodyError::Client(reason)) => {
+                    tracing::debug!(%reason, "client failed while sending the body");
+                    return Outcome::Close;
+                }
+            };
         let session_id = session
             .get_header("x-session-id")
             .map(|v| v.as_bytes().to_vec());

@@ -1,0 +1,77 @@
+//! Reading a request's header: within a deadline for the whole header, so that a client
+//! sending a byte now and then cannot hold a connection, and answering what cannot be read
+//! (too many or too large headers, malformed, too slow) before the connection closes.
+
+use super::respond;
+use crate::config::Limits;
+use kvgate_protocol::{ApiError, ErrorKind};
+use pingora_core::protocols::http::ServerSession;
+use pingora_core::protocols::Stream;
+use pingora_core::ErrorType;
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+
+/// How long a kept-alive connection may idle between requests, in seconds.
+pub const KEEPALIVE_S: u64 = 60;
+
+/// Marks a connection handed back for its next request.
+pub struct Reused;
+
+/// Reads the next request's header; false when there is none to handle (the client closed,
+/// or it was answered with an error and the connection must close).
+pub async fn read_header(session: &mut ServerSession, limits: &Limits) -> bool {
+    // HTTP/1.1 pipelining: requests sent before their predecessors' answers are answered in
+    // order (otherwise all but the first would be dropped with the connection).
+    session.set_pipelining_enabled(true);
+    // A kept-alive connection first idles (Pingora ends that wait itself).
+    let reused = session
+        .take_connection_user_context()
+        .is_some_and(|c| c.is::<Reused>());
+    let idle = if reused { KEEPALIVE_S } else { 0 };
+    let deadline = Duration::from_millis(limits.header_timeout_ms) + Duration::from_secs(idle);
+    let error = match tokio::time::timeout(deadline, session.read_request()).await {
+        Ok(Ok(read)) => return read,
+        Err(_) => ApiError::new(
+            ErrorKind::RequestTimeout,
+            format!("the request header did not arrive within {deadline:?}"),
+        ),
+        Ok(Err(e)) if *e.etype() == ErrorType::InvalidHTTPHeader => {
+            let text = e.to_string();
+            if text.contains("too many headers") || text.contains("larger than") {
+                ApiError::new(
+                    ErrorKind::HeadersTooLarge,
+                    "too many request headers, or too large (at most 256 headers, 1 MiB in all)",
+                )
+            } else {
+                ApiError::new(ErrorKind::InvalidRequest, "malformed request header")
+            }
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "cannot read request header");
+            return false;
+        }
+    };
+    session.set_keepalive(None);
+    respond::send_error(session, &error, "none").await;
+    false
+}
+
+/// The first bytes of a connection within the header deadline. Pingora reads a connection's
+/// first 24 bytes (to tell an h2c preface from HTTP/1) with no deadline, so a client that sends
+/// fewer, or nothing, would hold the connection for ever; this reads them first, with one.
+pub async fn first_bytes(stream: &mut Stream, limits: &Limits) -> bool {
+    let deadline = Duration::from_millis(limits.header_timeout_ms);
+    let mut preface = [0u8; 24];
+    match tokio::time::timeout(deadline, stream.try_peek(&mut preface)).await {
+        // Peeked bytes are put back for Pingora's own look.
+        Ok(Ok(_)) => true,
+        Ok(Err(_)) => false,
+        Err(_) => {
+            // What was read is gone with the connection, which closes now.
+            let _ = stream
+                .write_all(b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                .await;
+            false
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! The gateway at HTTP's edges, spoken byte by byte over TCP: pipelined requests, HTTP/1.0
+//! clients, too many headers, slow headers and bodies (slowloris), and a client that leaves
+//! before its answer's first byte.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::*;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+fn connect(gw: &Gateway) -> TcpStream {
+    let s = TcpStream::connect(("127.0.0.1", gw.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s
+}
+
+/// Everything the gateway sends until it closes the connection.
+fn read_to_close(s: &mut TcpStream) -> String {
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn completion_request(version: &str, extra_headers: &str, stream: bool) -> String {
+    let body = serde_json::json!({ "model": MODEL, "prompt": "one two three", "max_tokens": 3, "stream": stream })
+        .to_string();
+    format!(
+        "POST /v1/completions {version}\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{extra_headers}\r\n{body}",
+        body.len()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_requests_are_all_answered_in_order() {
+    let w = Worker::start(&[]).await;
+    let gw = Gateway::start(&[&w], "").await;
+    let mut s = connect(&gw);
+    let mut all = String::new();
+    for i in 0..3 {
+        all.push_str(&completion_request(
+            "HTTP/1.1",
+            &format!("X-Request-Id: pipelined-{i}\r\n"),
+            false,
+        ));
+    }
+    all.push_str(&completion_request(
+        "HTTP/1.1",
+        "X-Request-Id: pipelined-3\r\nConnection: close\r\n",
+        false,
+    ));
+    s.write_all(all.as_bytes()).unwrap();
+    let out = read_to_close(&mut s);
+    assert_eq!(out.matches("HTTP/1.1 200").count(), 4, "{out}");
+    let order: Vec<usize> = (0..4)
+        .map(|i| out.find(&format!("pipelined-{i}")).unwrap())
+        .collect();
+    assert!(
+        order.windows(2).all(|w| w[0] < w[1]),
+        "answered out of order: {out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_1_0_clients_get_no_chunked_encoding_and_a_close() {
+    let w = Worker::start(&[]).await;
+    let gw = Gateway::start(&[&w], "").await;
+    for stream in [true, false] {
+        let mut s = connect(&gw);
+        s.write_all(completion_request("HTTP/1.0", "", stream).as_bytes())
+            .unwrap();
+        let out = read_to_close(&mut s);
+        let (head, body) = out.split_once("\r\n\r\n").unwrap();
+        let head = head.to_ascii_lowercase();
+        assert!(
+            head.starts_with("http/1.") && head.contains(" 200"),
+            "{out}"
+        );
+        assert!(
+            !head.contains("transfer-encoding"),
+            "chunked to HTTP/1.0: {out}"
+        );
+        assert!(head.contains("connection: close"), "{out}");
+        if stream {
+            assert!(body.contains("data: [DONE]"), "{out}");
+        } else {
+            assert!(body.contains("\"choices\""), "{out}");
+        }
+    }
+    // HTTP/1.0 asking for keep-alive may keep it for an answer of known length.
+    let mut s = connect(&gw);
+    s.write_all(b"GET /health HTTP/1.0\r\n\r\n").unwrap();
+    assert!(read_to_close(&mut s).contains("200"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_many_headers_get_431_not_a_silent_close() {
+    let w = Worker::start(&[]).await;
+    let gw = Gateway::start(&[&w], "").await;
+    let mut s = connect(&gw);
+    let headers: String = (0..300).map(|i| format!("X-Extra-{i}: v\r\n")).collect();
+    s.write_all(format!("GET /health HTTP/1.1\r\nHost: gw\r\n{headers}\r\n").as_bytes())
+        .unwrap();
+    let out = read_to_close(&mut s);
+    assert!(out.starts_with("HTTP/1.1 431"), "{out}");
+    assert!(out.contains("headers_too_large"), "{out}");
+}
+
+const SLOW_LIMITS: &str = "limits:\n  header_timeout_ms: 600\n  body_timeout_ms: 600\n";
+
+/// Sends `bytes` one at a time, 100 ms apart, until the gateway closes; what it answered.
+fn trickle(s: &mut TcpStream, bytes: &[u8]) -> String {
+    s.set_nonblocking(false).unwrap();
+    for &b in bytes {
+        if s.write_all(&[b]).is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        // Anything back means the gateway has given up on us.
+        s.set_nonblocking(true).unwrap();
+        let mut peek = [0u8; 1];
+        let answered =
+            !matches!(s.peek(&mut peek), Err(ref e) if e.kind() == std::io::ErrorKind::WouldBlock);
+        s.set_nonblocking(false).unwrap();
+        if answered {
+            break;
+        }
+    }
+    read_to_close(s)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_headers_and_bodies_get_408_and_a_closed_connection() {
+    let w = Worker::start(&[]).await;
+    let gw = Gateway::start(&[&w], SLOW_LIMITS).await;
+    let request = completion_request("HTTP/1.1", "", false);
+    let (head, body) = request.split_once("\r\n\r\n").unwrap();
+
+    // A header a byte at a time: 408 once its deadline passes, whatever the pace.
+    let mut s = connect(&gw);
+    let started = Instant::now();
+    let out = trickle(&mut s, head.as_bytes());
+    assert!(out.starts_with("HTTP/1.1 408"), "{out}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "held for {:?}",
+        started.elapsed()
+    );
+
+    // A whole header, then its body a byte at a time.
+    let mut s = connect(&gw);
+    s.write_all(format!("{head}\r\n\r\n").as_bytes()).unwrap();
+    let out = trickle(&mut s, body.as_bytes());
+    assert!(out.starts_with("HTTP/1.1 408"), "{out}");
+    assert!(out.contains("body_timeout_ms"), "{out}");
+
+    // A connection that never sends anything is closed too.
+    let mut s = connect(&gw);
+    let out = read_to_close(&mut s);
+    assert!(out.is_empty() || out.starts_with("HTTP/1.1 408"), "{out}");
+
+    // A prompt client is untouched.
+    let a = send(
+        &client(),
+        &gw.url(),
+        "/v1/completions",
+        &completion("hello", false),
+    )
+    .await;
+    assert_eq!(a.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_before_the_first_byte_cancels_the_upstream_request() {
+    // The worker answers after 5 s; the client leaves after 300 ms.
+    let w = Worker::start(&["--first-token-delay-ms", "5000"]).await;
+    let gw = Gateway::start(&[&w], "").await;
+    let mut s = connect(&gw);
+    s.write_all(completion_request("HTTP/1.1", "", false).as_bytes())
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        w.stats().await["in_flight"],
+        1,
+        "the worker has the request"
+    );
+    drop(s);
+    let deadline = Instant::now() + Duration::from_secs(4);
+    loop {
+        let stats = w.stats().await;
+        if stats["in_flight"] == 0 {
+            assert_eq!(stats["completed"], 0, "it ran to the end: {stats}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the upstream request was held: {stats}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let metrics = gw.metrics().await;
+    assert!(
+        metric(&metrics, "kvgate_client_disconnects_total") >= 1.0,
+        "{metrics}"
+    );
+}
