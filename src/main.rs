@@ -35,6 +35,10 @@ enum Command {
         /// Overrides the config's `listen`.
         #[arg(long)]
         listen: Option<String>,
+        /// Take over the listening sockets of the running gateway with the same listeners
+        /// (then send it SIGQUIT: it hands them over and drains).
+        #[arg(long)]
+        upgrade: bool,
     },
     /// Run the per-GPU agent: supervise a worker (the command after `--`) or attach to a
     /// running engine, and push its telemetry to every gateway (SIGTERM stops it and the
@@ -231,9 +235,12 @@ fn run(command: Command) -> Result<(), String> {
             Ok(())
         }
         Command::HashKey { generate } => keys::hash_key(generate),
-        Command::Gateway { config, listen } => {
-            kvgate_router::run(&config, listen).map_err(|e| e.to_string())
-        }
+        Command::Gateway {
+            config,
+            listen,
+            upgrade,
+        } => kvgate_router::run(&config, kvgate_router::RunOptions { listen, upgrade })
+            .map_err(|e| e.to_string()),
         Command::Agent {
             gateways,
             token_file,

@@ -58,6 +58,8 @@ pub struct Gateway {
     pub connector: Connector,
     /// Large request bodies parsed (and tokenized) at once, each on a blocking thread.
     pub parse_slots: tokio::sync::Semaphore,
+    /// Requests in flight and the grace period of a stop.
+    pub drain: crate::drain::Drain,
 }
 
 /// A routing outcome: the replicas to try in order, the first already counted in flight.
@@ -104,6 +106,7 @@ impl Gateway {
             parse_slots: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(1, |n| n.get()),
             ),
+            drain: Default::default(),
         };
         gateway.sync_policy_members();
         Ok(gateway)

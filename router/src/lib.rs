@@ -6,6 +6,7 @@ mod admission;
 mod agents;
 mod classes;
 pub mod config;
+mod drain;
 mod gateway;
 mod health;
 mod metrics;
@@ -19,11 +20,12 @@ pub use gateway::Gateway;
 pub use tenants::hash_api_key;
 
 use pingora_core::server::configuration::ServerConf;
-use pingora_core::server::Server;
+use pingora_core::server::{RunArgs, Server};
 use pingora_core::services::background::background_service;
 use pingora_core::services::listening::Service;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Errors that stop the gateway from starting.
 #[derive(Debug, thiserror::Error)]
@@ -57,11 +59,22 @@ pub fn check_config(path: &Path) -> Result<GatewayConfig, Vec<ConfigError>> {
     Ok(config)
 }
 
-/// Runs the gateway until the process is signalled (SIGINT: fast, SIGTERM: graceful,
-/// SIGHUP: reload the config file). Never returns on success.
-pub fn run(path: &Path, listen: Option<String>) -> Result<(), StartError> {
+/// How the gateway starts.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Overrides the config's `listen`.
+    pub listen: Option<String>,
+    /// Take the listening sockets of a running gateway with the same listeners, which hands
+    /// them over on SIGQUIT and drains (Pingora's graceful upgrade).
+    pub upgrade: bool,
+}
+
+/// Runs the gateway until the process is signalled (SIGINT: fast; SIGTERM: drain, see
+/// [`drain`]; SIGQUIT: hand the listeners to an upgrading process, then drain; SIGHUP: reload
+/// the config file). Never returns on success.
+pub fn run(path: &Path, options: RunOptions) -> Result<(), StartError> {
     let mut config = config::load_file(path).map_err(StartError::Config)?;
-    if let Some(addr) = listen {
+    if let Some(addr) = options.listen {
         config.listen = config::Listen::One(addr);
     }
     let (threads, listen, admin) = (
@@ -69,28 +82,37 @@ pub fn run(path: &Path, listen: Option<String>) -> Result<(), StartError> {
         config.listen.clone(),
         config.admin_listen.clone(),
     );
-    for addr in listen.addresses() {
-        check_listen("listen", addr)?;
+    // An upgrading process takes sockets the old one holds.
+    if !options.upgrade {
+        for addr in listen.addresses() {
+            check_listen("listen", addr)?;
+        }
+        if let Some(addr) = &admin {
+            check_listen("admin_listen", addr)?;
+        }
     }
-    if let Some(addr) = &admin {
-        check_listen("admin_listen", addr)?;
-    }
+    let grace = Duration::from_millis(config.shutdown_grace_ms);
+    let upgrade_sock = upgrade_sock(&config);
     let gateway =
         Arc::new(Gateway::new(config, Some(path.to_path_buf())).map_err(StartError::Config)?);
 
     let conf = ServerConf {
         threads,
         work_stealing: false,
-        // A graceful stop (SIGTERM) waits this long for streams in flight.
-        grace_period_seconds: Some(5),
-        graceful_shutdown_timeout_seconds: Some(30),
-        upgrade_sock: format!("/tmp/kvgate-upgrade-{}.sock", std::process::id()),
+        // Pingora ends every task once this is over: the drain's own deadline comes first, so
+        // that streams still running get their error event.
+        grace_period_seconds: Some(grace.as_secs() + 2),
+        graceful_shutdown_timeout_seconds: Some(5),
+        upgrade_sock,
         pid_file: format!("/tmp/kvgate-{}.pid", std::process::id()),
         ..ServerConf::default()
     };
-    let mut server = Server::new_with_opt_and_conf(None, conf);
+    let opt = pingora_core::server::configuration::Opt {
+        upgrade: options.upgrade,
+        ..Default::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(Some(opt), conf);
     server.bootstrap();
-
     let mut proxy = Service::new(
         "kvgate proxy".into(),
         proxy::ProxyService::new(Arc::clone(&gateway)),
@@ -115,8 +137,33 @@ pub fn run(path: &Path, listen: Option<String>) -> Result<(), StartError> {
     ));
     server.add_service(background_service(
         "reload on SIGHUP",
-        health::ReloadOnSignal { gateway },
+        health::ReloadOnSignal {
+            gateway: Arc::clone(&gateway),
+        },
     ));
-    tracing::info!(listen = ?listen.addresses(), "kvgate gateway starting");
-    server.run_forever()
+    server.add_service(background_service(
+        "exit when drained",
+        drain::ExitWhenIdle {
+            gateway: Arc::clone(&gateway),
+        },
+    ));
+    tracing::info!(listen = ?listen.addresses(), upgrade = options.upgrade, "kvgate gateway starting");
+    server.run(RunArgs {
+        shutdown_signal: Box::new(drain::Signals { gateway, grace }),
+    });
+    std::process::exit(0)
+}
+
+/// Where a gateway hands its sockets to an upgrading one: the same path for every process
+/// with the same listeners.
+fn upgrade_sock(config: &GatewayConfig) -> String {
+    let mut addresses: Vec<&str> = config
+        .listen
+        .addresses()
+        .iter()
+        .map(String::as_str)
+        .collect();
+    addresses.extend(config.admin_listen.as_deref());
+    let key = xxhash_rust::xxh3::xxh3_64(addresses.join(",").as_bytes());
+    format!("/tmp/kvgate-upgrade-{key:016x}.sock")
 }

@@ -26,6 +26,10 @@ pub struct GatewayConfig {
     /// Worker threads of the proxy runtime.
     #[serde(default = "defaults::threads")]
     pub threads: usize,
+    /// On SIGTERM or a graceful upgrade, how long requests in flight may take to finish
+    /// (streams still running then end with an error event). Read at start.
+    #[serde(default = "defaults::shutdown_grace_ms")]
+    pub shutdown_grace_ms: u64,
     pub replicas: Vec<ReplicaConfig>,
     #[serde(default)]
     pub limits: Limits,
@@ -308,6 +312,9 @@ impl Default for HealthConfig {
 mod defaults {
     pub fn threads() -> usize {
         2
+    }
+    pub fn shutdown_grace_ms() -> u64 {
+        30_000
     }
     pub fn yes() -> bool {
         true

@@ -92,6 +92,15 @@ pub(super) fn validate(c: &GatewayConfig) -> Vec<ConfigError> {
             err("admin_token_file".into(), e);
         }
     }
+    if c.shutdown_grace_ms > 3_600_000 {
+        err(
+            "shutdown_grace_ms".into(),
+            format!(
+                "must be at most 3600000 (an hour), got {}",
+                c.shutdown_grace_ms
+            ),
+        );
+    }
     if !(1..=256).contains(&c.threads) {
         err(
             "threads".into(),

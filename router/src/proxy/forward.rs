@@ -274,6 +274,9 @@ impl Forward<'_> {
                     self.gateway.metrics.client_disconnects.inc();
                     return Err(Attempt::Done(Outcome::Close, 499));
                 }
+                _ = self.gateway.drain.grace_over() => {
+                    return Err(self.fail_with(client, super::shutting_down()).await);
+                }
             };
             match header {
                 Ok(()) => return Ok(upstream),
@@ -425,6 +428,12 @@ impl Forward<'_> {
                     self.gateway.metrics.client_disconnects.inc();
                     return Outcome::Close;
                 }
+                _ = self.gateway.drain.grace_over() => {
+                    if !is_sse {
+                        return Outcome::Close;
+                    }
+                    return end_with_error(client, &super::shutting_down()).await;
+                }
             };
             match read {
                 Ok(Some(chunk)) => {
@@ -469,22 +478,25 @@ impl Forward<'_> {
                         },
                         format!("replica `{}` {what} mid-stream: {e}", replica.name),
                     );
-                    let event = kvgate_protocol::openai::sse_event(&String::from_utf8_lossy(
-                        &error.to_json(),
-                    ));
-                    let ended = client
-                        .write_response_body(Bytes::from(event), false)
-                        .await
-                        .is_ok()
-                        && client.finish_body().await.is_ok();
-                    return if ended {
-                        Outcome::Complete
-                    } else {
-                        Outcome::Close
-                    };
+                    return end_with_error(client, &error).await;
                 }
             }
         }
+    }
+}
+
+/// Ends an SSE stream with an OpenAI-style error event, so the client knows it was cut short.
+async fn end_with_error(client: &mut ServerSession, error: &ApiError) -> Outcome {
+    let event = kvgate_protocol::openai::sse_event(&String::from_utf8_lossy(&error.to_json()));
+    let ended = client
+        .write_response_body(Bytes::from(event), false)
+        .await
+        .is_ok()
+        && client.finish_body().await.is_ok();
+    if ended {
+        Outcome::Complete
+    } else {
+        Outcome::Close
     }
 }
 

@@ -58,10 +58,12 @@ impl HttpServerApp for ProxyApp {
         session.set_keepalive(keep.then_some(header::KEEPALIVE_S));
         let request_id = request_id(&session);
         let span = tracing::info_span!("request", id = %request_id);
+        let active = self.gateway.drain.enter();
         let outcome = self
             .handle(&mut session, &request_id)
             .instrument(span)
             .await;
+        drop(active);
         if outcome == Outcome::Close {
             return None;
         }
@@ -267,9 +269,10 @@ impl ProxyApp {
                 }
             },
         };
-        let admitted = gateway
-            .admit(&snapshot, &routed.model, &routed.features, class.as_ref())
-            .await;
+        let admitted = tokio::select! {
+            admitted = gateway.admit(&snapshot, &routed.model, &routed.features, class.as_ref()) => admitted,
+            _ = gateway.drain.grace_over() => Err(shutting_down()),
+        };
         let route = match admitted {
             Ok(route) => route,
             Err(error) => return self.reject(session, route_label, error, request_id).await,
@@ -382,6 +385,11 @@ impl ProxyApp {
             Outcome::Close
         }
     }
+}
+
+/// The answer to a request still unanswered when a stop's grace period ends.
+pub fn shutting_down() -> ApiError {
+    ApiError::new(ErrorKind::Unavailable, "the gateway is shutting down")
 }
 
 /// The client's `x-request-id` if it is sane, else a new one.
