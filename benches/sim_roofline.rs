@@ -84,8 +84,9 @@ async fn stream(client: &reqwest::Client, url: &str, body: &serde_json::Value) -
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let mut times = Vec::new();
+    let mut sse = kvgate_protocol::sse::SseParser::default();
     while let Ok(Some(chunk)) = resp.chunk().await {
-        let events = chunk.windows(6).filter(|w| w == b"data: ").count();
+        let events = sse.push(&chunk).len();
         times.extend(std::iter::repeat_n(start.elapsed(), events));
     }
     times

@@ -138,7 +138,8 @@ impl Client {
         out.replica = header("x-kvgate-replica");
         out.route = header("x-kvgate-route");
         let mut body = resp.into_body();
-        let mut events = SseBuffer::default();
+        let mut events = kvgate_protocol::sse::SseParser::default();
+        let mut error_body = Vec::new();
         while let Some(frame) = body.frame().await {
             let bytes = match frame {
                 Ok(f) => match f.into_data() {
@@ -152,7 +153,7 @@ impl Client {
             };
             let now = started.elapsed().as_secs_f64();
             if out.status != 200 {
-                events.raw.extend_from_slice(&bytes);
+                error_body.extend_from_slice(&bytes);
                 continue;
             }
             for data in events.push(&bytes) {
@@ -164,7 +165,7 @@ impl Client {
             out.error = Some(format!(
                 "status {}: {}",
                 out.status,
-                String::from_utf8_lossy(&events.raw)
+                String::from_utf8_lossy(&error_body)
                     .chars()
                     .take(300)
                     .collect::<String>()
@@ -202,57 +203,12 @@ fn take_event(data: &str, now: f64, out: &mut Outcome) {
     }
 }
 
-/// Splits a byte stream into SSE events and yields their `data:` payloads.
-#[derive(Default)]
-struct SseBuffer {
-    raw: Vec<u8>,
-}
-
-impl SseBuffer {
-    fn push(&mut self, bytes: &[u8]) -> Vec<String> {
-        self.raw.extend_from_slice(bytes);
-        let mut out = Vec::new();
-        while let Some(end) = find_event_end(&self.raw) {
-            let event: Vec<u8> = self.raw.drain(..end.0 + end.1).collect();
-            let text = String::from_utf8_lossy(&event[..end.0]);
-            let data: Vec<&str> = text
-                .lines()
-                .filter_map(|l| l.strip_prefix("data:").map(str::trim_start))
-                .collect();
-            if !data.is_empty() {
-                out.push(data.join("\n"));
-            }
-        }
-        out
-    }
-}
-
-/// Where the first event ends: (its length, the separator's length).
-fn find_event_end(raw: &[u8]) -> Option<(usize, usize)> {
-    let lf = raw.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2));
-    let crlf = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map(|i| (i, 4));
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
-        (a, b) => a.or(b),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn events_split_across_chunks() {
-        let mut b = SseBuffer::default();
-        assert!(b.push(b"data: {\"a\"").is_empty());
-        assert_eq!(
-            b.push(b":1}\n\ndata: [DONE]\n\n"),
-            vec!["{\"a\":1}", "[DONE]"]
-        );
-        assert_eq!(b.push(b"data: x\r\n\r\n"), vec!["x"]);
+    fn events_fold_into_the_outcome() {
         let mut out = Outcome::default();
         take_event(
             r#"{"choices":[{"delta":{"role":"assistant","content":""}}]}"#,

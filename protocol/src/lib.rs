@@ -6,6 +6,7 @@ pub mod error;
 pub mod hash;
 pub mod kv_events;
 pub mod openai;
+pub mod sse;
 pub mod telemetry;
 
 pub use error::{ApiError, ErrorBody, ErrorKind};

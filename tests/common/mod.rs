@@ -402,15 +402,12 @@ pub async fn send(
 pub fn parse_sse(raw: &str) -> (String, bool, bool) {
     let mut text = String::new();
     let (mut error, mut done) = (false, false);
-    for line in raw.lines() {
-        let Some(data) = line.strip_prefix("data: ") else {
-            continue;
-        };
+    for data in kvgate_protocol::sse::SseParser::default().push(raw.as_bytes()) {
         if data == "[DONE]" {
             done = true;
             continue;
         }
-        let v: serde_json::Value = serde_json::from_str(data).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&data).unwrap();
         if v.get("error").is_some() {
             error = true;
         }
