@@ -50,6 +50,10 @@ enum Command {
         /// File holding the bearer token the gateways expect.
         #[arg(long)]
         token_file: PathBuf,
+        /// CA certificates (PEM) that `https://` gateways' certificates are checked against
+        /// (default: the system's).
+        #[arg(long)]
+        ca_file: Option<PathBuf>,
         /// The engine's base URL, as the gateways should route to it.
         #[arg(long)]
         url: String,
@@ -244,6 +248,7 @@ fn run(command: Command) -> Result<(), String> {
         Command::Agent {
             gateways,
             token_file,
+            ca_file,
             url,
             replica_id,
             engine,
@@ -258,6 +263,9 @@ fn run(command: Command) -> Result<(), String> {
                 .to_string();
             if interval_ms == 0 {
                 return Err("--interval-ms must be at least 1".into());
+            }
+            if let Some(ca) = &ca_file {
+                kvgate_agent::http::trust(ca)?;
             }
             let config = kvgate_agent::AgentConfig {
                 gateways,

@@ -15,6 +15,7 @@ use kvgate_policies::{
 use kvgate_protocol::telemetry::{KvUpdate, TelemetryReport};
 use kvgate_protocol::{ApiError, ErrorKind};
 use pingora_core::connectors::http::Connector;
+use pingora_core::connectors::ConnectorOptions;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -60,6 +61,8 @@ pub struct Gateway {
     pub parse_slots: tokio::sync::Semaphore,
     /// Requests in flight and the grace period of a stop.
     pub drain: crate::drain::Drain,
+    /// The listeners' certificate, when they serve TLS.
+    pub certificate: Option<Arc<crate::tls::Certificate>>,
 }
 
 /// A routing outcome: the replicas to try in order, the first already counted in flight.
@@ -87,6 +90,19 @@ impl Gateway {
         let tokenizers = tokenizers::load(&config, &TokenModes::new())?;
         let classes = build_classes(&config)?;
         let tenants = build_tenants(&config, None);
+        let certificate = config
+            .tls
+            .as_ref()
+            .map(|tls| crate::tls::Certificate::load(tls).map(Arc::new))
+            .transpose()
+            .map_err(|message| config_error("tls", message))?;
+        let connector = Connector::new(Some(ConnectorOptions {
+            ca_file: config
+                .upstream_ca_file
+                .as_ref()
+                .map(|p| p.display().to_string()),
+            ..ConnectorOptions::new(UPSTREAM_POOL)
+        }));
         let gateway = Gateway {
             config_path,
             current: RwLock::new(Arc::new(Snapshot {
@@ -102,11 +118,12 @@ impl Gateway {
             policy: Mutex::new(policy),
             admission: Admission::default(),
             metrics,
-            connector: Connector::new(None),
+            connector,
             parse_slots: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(1, |n| n.get()),
             ),
             drain: Default::default(),
+            certificate,
         };
         gateway.sync_policy_members();
         Ok(gateway)
@@ -146,6 +163,16 @@ impl Gateway {
         let tokenizers = tokenizers::load(&config, &old.tokenizers)?;
         let classes = build_classes(&config)?;
         let tenants = build_tenants(&config, old.tenants.as_ref());
+        match (&self.certificate, &config.tls) {
+            (Some(certificate), Some(tls)) => certificate
+                .reload(tls)
+                .map_err(|message| config_error("tls", message))?,
+            (None, None) => {}
+            _ => tracing::warn!("turning TLS on or off takes effect only after a restart"),
+        }
+        if config.upstream_ca_file != old.config.upstream_ca_file {
+            tracing::warn!("upstream_ca_file changes take effect only after a restart");
+        }
         *self.tokens.write().unwrap_or_else(PoisonError::into_inner) = tokens;
         self.policy
             .lock()
@@ -536,6 +563,17 @@ fn build_classes(config: &GatewayConfig) -> Result<Option<Classes>, Vec<ConfigEr
                 })
                 .collect()
         })
+}
+
+/// Idle connections kept per upstream (Pingora's default).
+const UPSTREAM_POOL: usize = 128;
+
+fn config_error(path: &str, message: String) -> Vec<ConfigError> {
+    vec![ConfigError {
+        path: path.into(),
+        line: None,
+        message,
+    }]
 }
 
 /// Whether two replica URLs name one server.

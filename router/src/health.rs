@@ -9,7 +9,6 @@ use kvgate_protocol::openai::ModelList;
 use pingora_core::connectors::http::Connector;
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
-use pingora_core::upstreams::peer::HttpPeer;
 use pingora_http::RequestHeader;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -88,8 +87,7 @@ async fn get(
     timeout: Duration,
 ) -> Result<(u16, Bytes), String> {
     let exchange = async {
-        let mut peer = HttpPeer::new(replica.upstream.addr, false, String::new());
-        peer.options.connection_timeout = Some(timeout);
+        let peer = replica.peer(timeout, None);
         let (mut session, _) = connector
             .get_http_session(&peer)
             .await

@@ -13,6 +13,7 @@ mod metrics;
 mod proxy;
 mod replica;
 mod tenants;
+mod tls;
 mod tokenizers;
 
 pub use config::{ConfigError, GatewayConfig};
@@ -117,8 +118,20 @@ pub fn run(path: &Path, options: RunOptions) -> Result<(), StartError> {
         "kvgate proxy".into(),
         proxy::ProxyService::new(Arc::clone(&gateway)),
     );
+    let tls = |certificate: &Arc<tls::Certificate>| {
+        certificate.settings().map_err(|message| {
+            StartError::Config(vec![ConfigError {
+                path: "tls".into(),
+                line: None,
+                message,
+            }])
+        })
+    };
     for addr in listen.addresses() {
-        proxy.add_tcp(addr);
+        match &gateway.certificate {
+            Some(c) => proxy.add_tls_with_settings(addr, None, tls(c)?),
+            None => proxy.add_tcp(addr),
+        }
     }
     server.add_service(proxy);
     if let Some(addr) = admin {
@@ -126,7 +139,16 @@ pub fn run(path: &Path, options: RunOptions) -> Result<(), StartError> {
             "kvgate admin".into(),
             admin::AdminApp::new(Arc::clone(&gateway)),
         );
-        admin.add_tcp(&addr);
+        let admin_tls = gateway
+            .snapshot()
+            .config
+            .tls
+            .as_ref()
+            .is_some_and(|t| t.admin);
+        match &gateway.certificate {
+            Some(c) if admin_tls => admin.add_tls_with_settings(&addr, None, tls(c)?),
+            _ => admin.add_tcp(&addr),
+        }
         server.add_service(admin);
     }
     server.add_service(background_service(

@@ -5,6 +5,7 @@
 use crate::config::{AgentsConfig, HealthConfig, ReplicaConfig, Upstream};
 use kvgate_policies::{Candidate, ReplicaId};
 use kvgate_protocol::telemetry::TelemetryReport;
+use pingora_core::upstreams::peer::HttpPeer;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -113,6 +114,15 @@ impl Replica {
 
     fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Where to connect: TLS for an `https://` replica, its certificate checked for its host.
+    pub fn peer(&self, connect: Duration, pool_idle: Option<Duration>) -> HttpPeer {
+        let up = &self.upstream;
+        let mut peer = HttpPeer::new(up.addr, up.tls, up.host.clone());
+        peer.options.connection_timeout = Some(connect);
+        peer.options.idle_timeout = pool_idle;
+        peer
     }
 
     /// Eligible for routing: healthy and not ejected.
@@ -412,6 +422,8 @@ mod tests {
         let upstream = Upstream {
             addr: "127.0.0.1:1".parse().unwrap(),
             authority: "127.0.0.1:1".into(),
+            tls: false,
+            host: "127.0.0.1".into(),
         };
         Replica::new(ReplicaId(0), config, upstream)
     }

@@ -56,10 +56,30 @@ pub struct GatewayConfig {
     /// when absent (every request is routed at once).
     #[serde(default)]
     pub sla: Option<SlaConfig>,
+    /// HTTPS on the client listeners (and the admin one): certificate and key files, read at
+    /// start and at each reload. Off when absent.
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
+    /// Trust for `https://` replicas: a CA bundle (PEM) instead of the system's roots. Read at
+    /// start.
+    #[serde(default)]
+    pub upstream_ca_file: Option<std::path::PathBuf>,
     /// Who may send requests: each tenant's API keys (as hashes), class and limits. When set,
     /// every request needs a key of one of them (401 otherwise).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tenants: BTreeMap<String, TenantConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// The certificate chain, PEM.
+    pub cert_file: std::path::PathBuf,
+    /// Its private key, PEM (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: std::path::PathBuf,
+    /// The admin listener serves HTTPS too (agents then report with `https://` URLs).
+    #[serde(default = "defaults::yes")]
+    pub admin: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -10,30 +10,39 @@ pub struct Upstream {
     pub addr: SocketAddr,
     /// `host:port` as written, for the Host header.
     pub authority: String,
+    /// `https://`: TLS to the replica, its certificate checked for `host`.
+    pub tls: bool,
+    /// The host as written (TLS server name).
+    pub host: String,
 }
 
-/// Parses `http://HOST:PORT` (an optional trailing `/`), resolving HOST once.
+/// Parses `http://HOST:PORT` or `https://HOST:PORT` (an optional trailing `/`), resolving HOST
+/// once.
 pub fn resolve_url(url: &str) -> Result<Upstream, String> {
-    if url.starts_with("https://") {
-        return Err(format!(
-            "`{url}`: https upstreams are not supported yet; use http://"
-        ));
-    }
-    let authority = url
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("`{url}` must start with http://"))?
-        .trim_end_matches('/');
+    let (tls, authority) = match (url.strip_prefix("http://"), url.strip_prefix("https://")) {
+        (Some(rest), _) => (false, rest),
+        (_, Some(rest)) => (true, rest),
+        _ => return Err(format!("`{url}` must start with http:// or https://")),
+    };
+    let authority = authority.trim_end_matches('/');
     if authority.is_empty() || authority.contains('/') {
-        return Err(format!("`{url}` must be http://HOST:PORT with no path"));
+        return Err(format!("`{url}` must be http(s)://HOST:PORT with no path"));
     }
     let addr = authority
         .to_socket_addrs()
         .map_err(|e| format!("`{url}`: cannot resolve `{authority}` (HOST:PORT expected): {e}"))?
         .next()
         .ok_or_else(|| format!("`{url}`: `{authority}` resolves to no address"))?;
+    let host = authority
+        .rsplit_once(':')
+        .map_or(authority, |(h, _)| h)
+        .trim_start_matches('[')
+        .trim_end_matches(']');
     Ok(Upstream {
         addr,
         authority: authority.to_string(),
+        tls,
+        host: host.to_string(),
     })
 }
 
@@ -292,6 +301,19 @@ pub(super) fn validate(c: &GatewayConfig) -> Vec<ConfigError> {
         }
     }
     validate_tenants(c, &mut err);
+    if let Some(tls) = &c.tls {
+        if let Err(e) = crate::tls::Certificate::load(tls) {
+            err("tls".into(), e);
+        }
+    }
+    if let Some(ca) = &c.upstream_ca_file {
+        if !ca.is_file() {
+            err(
+                "upstream_ca_file".into(),
+                format!("{} is not a readable file", ca.display()),
+            );
+        }
+    }
     errors
 }
 
@@ -454,9 +476,14 @@ mod tests {
         assert_eq!(u.addr, "127.0.0.1:9001".parse().unwrap());
         assert_eq!(u.authority, "127.0.0.1:9001");
         assert!(resolve_url("http://localhost:80").is_ok());
-        assert!(resolve_url("https://127.0.0.1:1")
-            .unwrap_err()
-            .contains("https"));
+        let tls = resolve_url("https://localhost:8443").unwrap();
+        assert!(tls.tls);
+        assert_eq!(
+            (tls.host.as_str(), tls.authority.as_str()),
+            ("localhost", "localhost:8443")
+        );
+        assert!(!u.tls);
+        assert!(resolve_url("ftp://127.0.0.1:1").is_err());
         assert!(resolve_url("http://127.0.0.1").is_err());
         assert!(resolve_url("http://127.0.0.1:1/v1").is_err());
     }

@@ -150,7 +150,10 @@ impl Forward<'_> {
         more_replicas: bool,
     ) -> Attempt {
         let timeouts = &self.snapshot.config.timeouts;
-        let peer = peer(replica, timeouts.connect_ms, timeouts.pool_idle_ms);
+        let peer = replica.peer(
+            Duration::from_millis(timeouts.connect_ms),
+            Some(Duration::from_millis(timeouts.pool_idle_ms)),
+        );
         let connector = &self.gateway.connector;
         let mut upstream = match self.send(connector, &peer, client, replica).await {
             Ok(upstream) => upstream,
@@ -515,11 +518,4 @@ fn is_timeout(e: &pingora_core::Error) -> bool {
         e.etype(),
         ErrorType::ReadTimedout | ErrorType::WriteTimedout
     )
-}
-
-fn peer(replica: &Replica, connect_ms: u64, pool_idle_ms: u64) -> HttpPeer {
-    let mut peer = HttpPeer::new(replica.upstream.addr, false, String::new());
-    peer.options.connection_timeout = Some(Duration::from_millis(connect_ms));
-    peer.options.idle_timeout = Some(Duration::from_millis(pool_idle_ms));
-    peer
 }
