@@ -429,6 +429,7 @@ fn run(command: Command) -> Result<(), String> {
                 disconnect_rate,
                 disconnect_after,
                 healthy: true,
+                ..Default::default()
             };
             let config = kvgate_testkit::WorkerConfig {
                 addr: SocketAddr::new(host, port),

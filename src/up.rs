@@ -25,8 +25,8 @@ pub struct UpConfig {
 /// How long the fleet may take to come up (loading a model takes a few seconds).
 const READY_WITHIN: Duration = Duration::from_secs(120);
 /// How long children get to stop after SIGTERM before they are killed (an agent gives its
-/// worker 10 s).
-const STOP_GRACE: Duration = Duration::from_secs(15);
+/// worker 30 s).
+const STOP_GRACE: Duration = Duration::from_secs(35);
 
 pub fn run(config: UpConfig) -> Result<(), String> {
     if config.workers == 0 || config.workers > 64 {

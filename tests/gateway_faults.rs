@@ -377,13 +377,15 @@ async fn a_replica_that_passes_health_checks_but_fails_requests_is_ejected_for_l
     .await;
     let c = client();
     let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    for round in 0.. {
+        // Prompts of their own, so that the ring places some on each replica.
         for i in 0..4 {
+            let prompt = format!("question {round} {i}");
             let _ = send(
                 &c,
                 &gw.url(),
                 "/v1/completions",
-                &completion(&format!("q{i}"), false),
+                &completion(&prompt, false),
             )
             .await;
         }
@@ -396,4 +398,41 @@ async fn a_replica_that_passes_health_checks_but_fails_requests_is_ejected_for_l
         assert!(Instant::now() < deadline, "the back-off never grew: {row}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_dying_before_it_answers_hands_the_request_to_the_next() {
+    // Both answer after 2 s; whichever gets the request is killed before it answers.
+    let mut workers = vec![
+        Worker::start(&["--first-token-delay-ms", "2000"]).await,
+        Worker::start(&["--first-token-delay-ms", "2000"]).await,
+    ];
+    let gw = Gateway::start(&[&workers[0], &workers[1]], "").await;
+    let url = gw.url();
+    let request = tokio::spawn(async move {
+        send(&client(), &url, "/v1/completions", &completion("hi", false)).await
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let busy = loop {
+        let mut found = None;
+        for (i, w) in workers.iter().enumerate() {
+            if w.stats().await["in_flight"] == 1 {
+                found = Some(i);
+            }
+        }
+        if let Some(i) = found {
+            break i;
+        }
+        assert!(Instant::now() < deadline, "no worker got the request");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let killed = workers[busy].id();
+    workers[busy].proc.kill();
+    let answer = request.await.unwrap();
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_ne!(
+        answer.replica,
+        Some(killed),
+        "answered by the other replica"
+    );
 }

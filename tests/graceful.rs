@@ -146,3 +146,32 @@ async fn a_graceful_upgrade_loses_no_request() {
     assert_eq!(a.status, 200);
     new.kill();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_on_sigterm_finishes_its_streams_and_refuses_new_connections() {
+    // About 40 decode steps of the sim, slowed to take a few seconds.
+    let mut w = SimWorker::start(&["--time-scale", "20"]).await;
+    let body = serde_json::json!({ "model": MODEL, "prompt": "tell me a long story", "max_tokens": 40, "ignore_eos": true, "stream": true });
+    let url = w.url();
+    let stream = tokio::spawn(async move {
+        let c = reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        send(&c, &url, "/v1/completions", &body).await
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while w.get("/stats").await["engine"]["running"] != 1 {
+        assert!(Instant::now() < deadline, "the stream never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    w.proc.signal("TERM");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while std::net::TcpStream::connect(("127.0.0.1", w.port)).is_ok() {
+        assert!(Instant::now() < deadline, "still accepting after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let answer = stream.await.unwrap();
+    assert!(answer.done && !answer.stream_error, "{answer:?}");
+    assert!(exits(&mut w.proc).success());
+}

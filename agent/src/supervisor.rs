@@ -36,8 +36,9 @@ impl Backoff {
     }
 }
 
-/// How long a worker gets to exit after SIGTERM.
-const GRACE: Duration = Duration::from_secs(10);
+/// How long a worker gets to exit after SIGTERM (a kvgate worker finishes its requests in
+/// flight for up to 25 s).
+const GRACE: Duration = Duration::from_secs(30);
 
 /// Runs `command` until `stop` turns true. Each start publishes a new instance number (the
 /// start time in milliseconds since the Unix epoch) on `instance`.

@@ -18,6 +18,9 @@ pub struct Faults {
     /// Fraction of streamed requests whose connection is dropped after `disconnect_after` tokens.
     pub disconnect_rate: f64,
     pub disconnect_after: u32,
+    /// Fraction of generation requests answered 200 with a body that is no OpenAI response
+    /// (nor SSE).
+    pub garbage_rate: f64,
     /// What `/health` reports.
     pub healthy: bool,
 }
@@ -32,6 +35,7 @@ impl Default for Faults {
             hang_rate: 0.0,
             disconnect_rate: 0.0,
             disconnect_after: 2,
+            garbage_rate: 0.0,
             healthy: true,
         }
     }
@@ -45,6 +49,7 @@ pub enum Fate {
     Hang,
     /// Stream this many tokens, then drop the connection.
     DisconnectAfter(u32),
+    Garbage,
 }
 
 impl Faults {
@@ -59,6 +64,8 @@ impl Faults {
             Fate::Hang
         } else if draw(3) < self.disconnect_rate {
             Fate::DisconnectAfter(self.disconnect_after)
+        } else if draw(4) < self.garbage_rate {
+            Fate::Garbage
         } else {
             Fate::Serve
         }

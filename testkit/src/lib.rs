@@ -206,6 +206,10 @@ async fn generate(state: Arc<State>, req: Request<Incoming>, endpoint: Endpoint)
             tokio::time::sleep(Duration::from_secs(3600)).await;
             return error(&ApiError::new(ErrorKind::Internal, "hung"));
         }
+        Fate::Garbage => {
+            let noise: Vec<u8> = digest.bytes().cycle().take(300).collect();
+            return with_headers(Response::new(full(noise)), "text/event-stream", &[]);
+        }
         Fate::Serve | Fate::DisconnectAfter(_) => {
             match plan(endpoint, &body, format!("cmpl-{}-{n}", state.config.id)) {
                 Ok(job) => job,

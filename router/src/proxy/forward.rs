@@ -290,23 +290,26 @@ impl Forward<'_> {
                         .with_label_values(&["stale_connection"])
                         .inc();
                 }
+                Err(e) if is_timeout(&e) => {
+                    self.failed(replica, "timeout");
+                    let message = format!(
+                        "replica `{}` sent no response within {first_byte:?}",
+                        replica.name
+                    );
+                    let error = ApiError::new(ErrorKind::GatewayTimeout, message);
+                    return Err(self.fail_with(client, error).await);
+                }
                 Err(e) => {
-                    let timeout = is_timeout(&e);
-                    self.failed(replica, if timeout { "timeout" } else { "read" });
-                    let message = if timeout {
-                        format!(
-                            "replica `{}` sent no response within {first_byte:?}",
-                            replica.name
-                        )
-                    } else {
-                        format!("replica `{}` failed before responding: {e}", replica.name)
-                    };
-                    let kind = if timeout {
-                        ErrorKind::GatewayTimeout
-                    } else {
-                        ErrorKind::BadGateway
-                    };
-                    return Err(self.fail_with(client, ApiError::new(kind, message)).await);
+                    // The replica died or answered garbage before a byte reached the client:
+                    // the next one may take the request (a slow one is not retried, above, so
+                    // that a long prompt is not computed twice).
+                    self.failed(replica, "read");
+                    let message =
+                        format!("replica `{}` failed before responding: {e}", replica.name);
+                    return Err(Attempt::Retry {
+                        reason: "bad_response",
+                        error: ApiError::new(ErrorKind::BadGateway, message),
+                    });
                 }
             }
         }

@@ -27,6 +27,8 @@ use std::sync::{Arc, Mutex};
 const COMMAND_QUEUE: usize = 4096;
 /// KV-event batches retained for replay.
 const EVENT_LOG: usize = 65_536;
+/// How long requests in flight get to finish after SIGTERM.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(25);
 
 #[derive(Debug, Clone)]
 pub enum BackendChoice {
@@ -151,9 +153,16 @@ async fn serve(addr: SocketAddr, ctx: Arc<http::Context>) -> Result<(), String> 
         .await
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     tracing::info!(%addr, model = %ctx.served_name, "kvgate worker listening");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| format!("cannot listen for SIGTERM: {e}"))?;
+    let connections = hyper_util::server::graceful::GracefulShutdown::new();
     loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(s) => s,
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = term.recv() => break,
+        };
+        let stream = match accepted {
+            Ok((s, _)) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "accept failed");
                 continue;
@@ -161,16 +170,25 @@ async fn serve(addr: SocketAddr, ctx: Arc<http::Context>) -> Result<(), String> 
         };
         let _ = stream.set_nodelay(true);
         let ctx = Arc::clone(&ctx);
+        let service = hyper::service::service_fn(move |req| http::handle(Arc::clone(&ctx), req));
+        let io = hyper_util::rt::TokioIo::new(stream);
+        let connection = connections
+            .watch(hyper::server::conn::http1::Builder::new().serve_connection(io, service));
         tokio::spawn(async move {
-            let service =
-                hyper::service::service_fn(move |req| http::handle(Arc::clone(&ctx), req));
-            let io = hyper_util::rt::TokioIo::new(stream);
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(io, service)
-                .await
-            {
+            if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "connection ended");
             }
         });
     }
+    // New connections are refused from here; requests in flight finish (an agent stopping
+    // its worker, or one dying, sends SIGTERM).
+    drop(listener);
+    tracing::info!("SIGTERM: finishing the requests in flight");
+    if tokio::time::timeout(SHUTDOWN_GRACE, connections.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(grace = ?SHUTDOWN_GRACE, "requests still in flight after the grace period");
+    }
+    Ok(())
 }
