@@ -403,7 +403,7 @@ async fn a_replica_that_passes_health_checks_but_fails_requests_is_ejected_for_l
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_dying_before_it_answers_hands_the_request_to_the_next() {
     // Both answer after 2 s; whichever gets the request is killed before it answers.
-    let mut workers = vec![
+    let mut workers = [
         Worker::start(&["--first-token-delay-ms", "2000"]).await,
         Worker::start(&["--first-token-delay-ms", "2000"]).await,
     ];
