@@ -64,23 +64,6 @@ async fn wait_prefix(gw: &Gateway, text: &str, what: &str, check: impl Fn(f64) -
     }
 }
 
-/// Child processes of `pid` (from /proc).
-fn children(pid: u32) -> Vec<u32> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/stat"))
-                .ok()
-                .and_then(|s| {
-                    let after = &s[s.rfind(')')? + 2..];
-                    after.split_whitespace().nth(1)?.parse::<u32>().ok()
-                })
-                == Some(pid)
-        })
-        .collect()
-}
-
 async fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(15);
     while !check() {

@@ -18,8 +18,8 @@ pub struct Faults {
     /// Fraction of streamed requests whose connection is dropped after `disconnect_after` tokens.
     pub disconnect_rate: f64,
     pub disconnect_after: u32,
-    /// Fraction of generation requests answered 200 with a body that is no OpenAI response
-    /// (nor SSE).
+    /// Fraction of generation requests answered 200 with a body that is no OpenAI response:
+    /// events whose data is not JSON, then bytes without framing.
     pub garbage_rate: f64,
     /// What `/health` reports.
     pub healthy: bool,

@@ -207,8 +207,10 @@ async fn generate(state: Arc<State>, req: Request<Incoming>, endpoint: Endpoint)
             return error(&ApiError::new(ErrorKind::Internal, "hung"));
         }
         Fate::Garbage => {
-            let noise: Vec<u8> = digest.bytes().cycle().take(300).collect();
-            return with_headers(Response::new(full(noise)), "text/event-stream", &[]);
+            // Events whose data is no JSON, then noise without framing.
+            let noise: String = digest.chars().cycle().take(300).collect();
+            let body = format!("data: {noise}\n\ndata: {{\"choices\": [\n\n{noise}");
+            return with_headers(Response::new(full(body)), "text/event-stream", &[]);
         }
         Fate::Serve | Fate::DisconnectAfter(_) => {
             match plan(endpoint, &body, format!("cmpl-{}-{n}", state.config.id)) {

@@ -162,7 +162,7 @@ impl Forward<'_> {
         let Some(header) = upstream.response_header().cloned() else {
             self.failed(replica, "read");
             return self
-                .fail_before_response(client, "the replica sent no response header")
+                .fail_before_response(client, replica, "the replica sent no response header")
                 .await;
         };
         let status = header.status.as_u16();
@@ -247,7 +247,7 @@ impl Forward<'_> {
             upstream.set_write_timeout(Some(first_byte));
             let header = match self.upstream_header(client, replica) {
                 Ok(h) => h,
-                Err(e) => return Err(self.fail_before_response(client, &e).await),
+                Err(e) => return Err(self.fail_before_response(client, replica, &e).await),
             };
             if let Err(e) = write_request(&mut upstream, header, self.body.clone()).await {
                 if reused {
@@ -278,7 +278,7 @@ impl Forward<'_> {
                     return Err(Attempt::Done(Outcome::Close, 499));
                 }
                 _ = self.gateway.drain.grace_over() => {
-                    return Err(self.fail_with(client, super::shutting_down()).await);
+                    return Err(self.fail_with(client, replica, super::shutting_down()).await);
                 }
             };
             match header {
@@ -297,7 +297,7 @@ impl Forward<'_> {
                         replica.name
                     );
                     let error = ApiError::new(ErrorKind::GatewayTimeout, message);
-                    return Err(self.fail_with(client, error).await);
+                    return Err(self.fail_with(client, replica, error).await);
                 }
                 Err(e) => {
                     // The replica died or answered garbage before a byte reached the client:
@@ -313,25 +313,43 @@ impl Forward<'_> {
                 }
             }
         }
-        Err(self
-            .fail_with(
-                client,
-                ApiError::new(
-                    ErrorKind::BadGateway,
-                    format!("replica `{}` keeps closing connections", replica.name),
-                ),
-            )
-            .await)
+        let error = ApiError::new(
+            ErrorKind::BadGateway,
+            format!("replica `{}` keeps closing connections", replica.name),
+        );
+        Err(self.fail_with(client, replica, error).await)
     }
 
-    async fn fail_before_response(&self, client: &mut ServerSession, message: &str) -> Attempt {
-        self.fail_with(client, ApiError::new(ErrorKind::BadGateway, message))
-            .await
+    async fn fail_before_response(
+        &self,
+        client: &mut ServerSession,
+        replica: &Replica,
+        message: &str,
+    ) -> Attempt {
+        let error = ApiError::new(ErrorKind::BadGateway, message);
+        self.fail_with(client, replica, error).await
     }
 
-    async fn fail_with(&self, client: &mut ServerSession, error: ApiError) -> Attempt {
+    /// Answers an error of `replica`'s; the debug header names it.
+    async fn fail_with(
+        &self,
+        client: &mut ServerSession,
+        replica: &Replica,
+        error: ApiError,
+    ) -> Attempt {
         let status = error.status();
-        let outcome = if respond::send_error(client, &error, self.request_id).await {
+        let named = self
+            .debug
+            .then(|| ("x-kvgate-replica", replica.name.clone()));
+        let sent = respond::send_error_with(
+            client,
+            &error,
+            self.request_id,
+            None,
+            named.into_iter().collect(),
+        )
+        .await;
+        let outcome = if sent {
             Outcome::Complete
         } else {
             Outcome::Close

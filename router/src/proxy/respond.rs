@@ -65,7 +65,19 @@ pub async fn send_error_after(
     request_id: &str,
     retry_after: Option<std::time::Duration>,
 ) -> bool {
+    send_error_with(session, error, request_id, retry_after, Vec::new()).await
+}
+
+/// [`send_error_after`] with more headers.
+pub async fn send_error_with(
+    session: &mut ServerSession,
+    error: &ApiError,
+    request_id: &str,
+    retry_after: Option<std::time::Duration>,
+    extra: Vec<(&'static str, String)>,
+) -> bool {
     let mut headers = vec![("x-request-id", request_id.to_string())];
+    headers.extend(extra);
     if matches!(error.status(), 503 | 429) {
         let seconds = retry_after.map_or(1, |d| d.as_secs_f64().ceil().max(1.0) as u64);
         headers.push(("retry-after", seconds.to_string()));
