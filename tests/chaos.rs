@@ -16,7 +16,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// One fleet at a time: two cores hold one loaded fleet, not several.
-static SERIAL: Mutex<()> = Mutex::new(());
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn seconds() -> f64 {
     std::env::var("KVGATE_CHAOS_SECONDS")
@@ -286,7 +286,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_reloads_under_load_fail_nothing() {
-    let _one = serial();
+    let _one = serial().await;
     let rate = rate_at(0.7).await;
     let fleet = AgentFleet::start("").await;
     let load = Load::start(&fleet.gw.url(), rate, seconds());
@@ -305,7 +305,7 @@ async fn ten_reloads_under_load_fail_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_worker_fails_only_the_streams_it_was_serving() {
-    let _one = serial();
+    let _one = serial().await;
     let rate = rate_at(0.7).await;
     let fleet = AgentFleet::start("").await;
     let load = Load::start(&fleet.gw.url(), rate, seconds());
@@ -329,7 +329,7 @@ async fn a_killed_worker_fails_only_the_streams_it_was_serving() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_agent_fails_nothing() {
-    let _one = serial();
+    let _one = serial().await;
     let rate = rate_at(0.7).await;
     let mut fleet = AgentFleet::start("").await;
     let load = Load::start(&fleet.gw.url(), rate, seconds());
@@ -343,7 +343,7 @@ async fn a_killed_agent_fails_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_graceful_upgrade_under_load_fails_nothing() {
-    let _one = serial();
+    let _one = serial().await;
     let rate = rate_at(0.7).await;
     let fleet = AgentFleet::start("shutdown_grace_ms: 30000\n").await;
     // The hand-over keeps the old process accepting for 5 s.
@@ -366,7 +366,7 @@ async fn a_graceful_upgrade_under_load_fails_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_a_grace_period_lets_every_request_in_flight_finish() {
-    let _one = serial();
+    let _one = serial().await;
     let rate = rate_at(0.7).await;
     let fleet = AgentFleet::start("shutdown_grace_ms: 30000\n").await;
     let load = Load::start(&fleet.gw.url(), rate, seconds());
@@ -387,7 +387,7 @@ async fn sigterm_with_a_grace_period_lets_every_request_in_flight_finish() {
 /// Three test workers behind a gateway with short timeouts; worker 0 is turned faulty
 /// (`faults`, the test worker's `POST /fault`) a second into the load.
 async fn faulty_worker(faults: serde_json::Value, extra: &str) -> (Vec<Row>, String) {
-    let _one = serial();
+    let _one = serial().await;
     let workers = [
         Worker::start(&["--token-delay-ms", "20"]).await,
         Worker::start(&["--token-delay-ms", "20"]).await,
@@ -447,7 +447,7 @@ async fn a_worker_trickling_its_stream_fails_only_its_streams() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slowloris_clients_beside_the_load_fail_nothing() {
-    let _one = serial();
+    let _one = serial().await;
     let workers = [
         Worker::start(&["--token-delay-ms", "20"]).await,
         Worker::start(&["--token-delay-ms", "20"]).await,
