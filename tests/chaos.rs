@@ -278,10 +278,8 @@ async fn rate_at(share: f64) -> f64 {
     capacity * share
 }
 
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
