@@ -130,6 +130,11 @@ fn failed(rows: &[Row]) -> Vec<&Row> {
 
 fn assert_none_failed(rows: &[Row], what: &str) {
     let bad = failed(rows);
+    eprintln!(
+        "chaos: {what}: {} requests, {} failed",
+        rows.len(),
+        bad.len()
+    );
     assert!(
         bad.is_empty(),
         "{what}: {} of {} failed: {bad:#?}",
@@ -140,10 +145,18 @@ fn assert_none_failed(rows: &[Row], what: &str) {
 
 /// Every failure was on `replica`.
 fn assert_only_on(rows: &[Row], replica: &str, what: &str) {
-    let elsewhere: Vec<&Row> = failed(rows)
-        .into_iter()
+    let bad = failed(rows);
+    let elsewhere: Vec<&Row> = bad
+        .iter()
+        .copied()
         .filter(|r| r.replica.as_deref() != Some(replica))
         .collect();
+    eprintln!(
+        "chaos: {what}: {} requests, {} failed, {} of them beyond the worker at fault",
+        rows.len(),
+        bad.len(),
+        elsewhere.len()
+    );
     assert!(
         elsewhere.is_empty(),
         "{what}: failures beyond {replica}: {elsewhere:#?}"
