@@ -12,6 +12,7 @@ mod health;
 mod metrics;
 mod proxy;
 mod replica;
+mod snapshot;
 mod tenants;
 mod tls;
 mod tokenizers;
