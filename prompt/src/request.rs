@@ -59,6 +59,14 @@ impl PromptModel {
                         "messages",
                     )
                 })?;
+                // The rendered prompt holds every message's text: checked before a copy of
+                // it is made.
+                let text_bytes = messages
+                    .iter()
+                    .filter_map(|m| m.content.as_ref())
+                    .map(|c| c.text_len())
+                    .fold(0usize, usize::saturating_add);
+                fits(text_bytes, "messages")?;
                 let messages: Vec<TemplateMessage> = messages
                     .iter()
                     .map(|m| TemplateMessage {
@@ -66,8 +74,6 @@ impl PromptModel {
                         content: m.content.as_ref().map(|c| c.text()).unwrap_or_default(),
                     })
                     .collect();
-                // The rendered prompt holds every message: checked before rendering it.
-                fits(messages.iter().map(|m| m.content.len()).sum(), "messages")?;
                 let text = template
                     .render(&messages)
                     .map_err(|e| invalid(e, "messages"))?;

@@ -319,6 +319,18 @@ pub enum MessageContent {
 }
 
 impl MessageContent {
+    /// The length in bytes of [`MessageContent::text`], without making it.
+    pub fn text_len(&self) -> usize {
+        match self {
+            MessageContent::Text(s) => s.len(),
+            MessageContent::Parts(parts) => parts
+                .iter()
+                .filter_map(|p| p.text.as_ref())
+                .map(String::len)
+                .sum(),
+        }
+    }
+
     /// The text of the content, parts joined without separators.
     pub fn text(&self) -> String {
         match self {
