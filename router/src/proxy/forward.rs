@@ -442,6 +442,9 @@ impl Forward<'_> {
             .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
         let route = self.endpoint.path();
         let mut first_chunk = true;
+        // Made once, not per chunk.
+        let grace_over = self.gateway.drain.grace_over();
+        tokio::pin!(grace_over);
         loop {
             let read = tokio::select! {
                 biased;
@@ -452,7 +455,7 @@ impl Forward<'_> {
                     self.gateway.metrics.client_disconnects.inc();
                     return Outcome::Close;
                 }
-                _ = self.gateway.drain.grace_over() => {
+                _ = &mut grace_over => {
                     if !is_sse {
                         return Outcome::Close;
                     }
