@@ -131,6 +131,12 @@ impl GenerationRequest {
         if self.model.trim().is_empty() {
             return invalid("`model` must not be empty", "model");
         }
+        // A number too large for its type reads as infinity.
+        for (name, value) in [("temperature", self.temperature), ("top_p", self.top_p)] {
+            if value.is_some_and(|v| !v.is_finite()) {
+                return invalid(&format!("`{name}` must be a finite number"), name);
+            }
+        }
         self.requested_logprobs(endpoint)?;
         match endpoint {
             Endpoint::Chat => match &self.messages {
@@ -600,6 +606,17 @@ mod tests {
                 .as_deref(),
             Some("prompt")
         );
+    }
+
+    #[test]
+    fn numbers_too_large_for_their_type_are_refused() {
+        // Found by fuzzing: 1e39 read as an f32 is infinity, which wrote back as null.
+        let body = format!(r#"{{"model":"m","prompt":"p","temperature":5{}.2}}"#, "5".repeat(60));
+        let e = GenerationRequest::parse(Endpoint::Completions, body.as_bytes()).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("temperature"));
+        let body = r#"{"model":"m","prompt":"p","top_p":1e39}"#;
+        let e = GenerationRequest::parse(Endpoint::Completions, body.as_bytes()).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("top_p"));
     }
 
     #[test]
