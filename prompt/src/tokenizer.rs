@@ -5,6 +5,7 @@
 
 use crate::gguf::{Gguf, GgufError, Value};
 use std::collections::HashSet;
+use std::sync::OnceLock;
 use std::path::Path;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -29,6 +30,9 @@ pub enum TokenizerError {
 
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// `inner` reading special-token text as plain text, made on first use (cloning it per
+    /// call cost more than tokenizing).
+    plain: OnceLock<tokenizers::Tokenizer>,
     /// Ids at or above this are placeholders for byte-level symbols the vocabulary lacks.
     vocab_size: u32,
     special_ids: HashSet<u32>,
@@ -119,6 +123,7 @@ impl Tokenizer {
             eos_token_id: id("tokenizer.ggml.eos_token_id"),
             tokens: tokens.iter().map(|s| s.to_string()).collect(),
             max_token_bytes: 0,
+            plain: OnceLock::new(),
         }
         .with_max_token_bytes())
     }
@@ -170,6 +175,7 @@ impl Tokenizer {
             special_ids,
             tokens,
             max_token_bytes: 0,
+            plain: OnceLock::new(),
         }
         .with_max_token_bytes();
         Ok((tokenizer, config))
@@ -224,8 +230,11 @@ impl Tokenizer {
         let encoding = if parse_special {
             self.inner.encode_fast(text, false)
         } else {
-            let mut plain = self.inner.clone();
-            plain.set_encode_special_tokens(true);
+            let plain = self.plain.get_or_init(|| {
+                let mut plain = self.inner.clone();
+                plain.set_encode_special_tokens(true);
+                plain
+            });
             plain.encode_fast(text, false)
         }
         .map_err(|e| TokenizerError::Build(e.to_string()))?;
