@@ -364,10 +364,10 @@ async fn a_worker_killed_under_load_fails_only_its_streams_and_returns_when_heal
     assert!(reached, "the restarted worker gets traffic again");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replica_that_passes_health_checks_but_fails_requests_is_ejected_for_longer_each_time() {
-    // Every request to `bad` gets a 500, while its /health keeps answering 200.
-    let bad = Worker::start(&["--error-rate", "1.0", "--error-status", "500"]).await;
+/// Sends requests until the `bad` worker (faulty by `flags`, its /health fine) has been
+/// ejected three times in a row (300, 600, 1,200 ms), health checks passing in between.
+async fn ejections_grow(flags: &[&str], stream: bool) {
+    let bad = Worker::start(flags).await;
     wait_ok(&format!("{}/health", bad.url())).await;
     let good = Worker::start(&[]).await;
     let gw = Gateway::start(
@@ -380,24 +380,38 @@ async fn a_replica_that_passes_health_checks_but_fails_requests_is_ejected_for_l
     for round in 0.. {
         // Prompts of their own, so that the ring places some on each replica.
         for i in 0..4 {
-            let prompt = format!("question {round} {i}");
+            let prompt = format!("question {round} {i} with some more words");
             let _ = send(
                 &c,
                 &gw.url(),
                 "/v1/completions",
-                &completion(&prompt, false),
+                &completion(&prompt, stream),
             )
             .await;
         }
         let replicas = gw.replicas().await;
         let row = replicas.iter().find(|r| r["id"] == bad.id()).unwrap();
-        // Three ejections in a row: 300, 600 and 1,200 ms, health checks passing between.
         if row["ejections_in_a_row"].as_u64().unwrap() >= 3 {
             break;
         }
         assert!(Instant::now() < deadline, "the back-off never grew: {row}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_passes_health_checks_but_fails_requests_is_ejected_for_longer_each_time() {
+    ejections_grow(&["--error-rate", "1.0", "--error-status", "500"], false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_drops_every_stream_half_way_is_ejected_for_longer_each_time() {
+    // Its response headers say 200: only a whole answer counts as a success.
+    ejections_grow(
+        &["--disconnect-rate", "1.0", "--disconnect-after", "2"],
+        true,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

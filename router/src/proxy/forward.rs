@@ -187,8 +187,6 @@ impl Forward<'_> {
         }
         if status >= 500 {
             self.failed(replica, "status_5xx");
-        } else {
-            replica.record_success();
         }
         let mut response = self.client_header(header, client, replica, candidate);
         if client.req_header().version == http::Version::HTTP_10 {
@@ -204,7 +202,7 @@ impl Forward<'_> {
             return Attempt::Done(Outcome::Close, 499);
         }
         let outcome = self
-            .stream_body(client, &mut upstream, replica, in_flight)
+            .stream_body(client, &mut upstream, replica, in_flight, status < 500)
             .await;
         if outcome == Outcome::Complete && upstream.response_done() {
             connector
@@ -428,12 +426,15 @@ impl Forward<'_> {
     }
 
     /// Copies the response body to the client chunk by chunk, watching for the client leaving.
+    /// A whole body of a non-error answer is the replica's success: counted only then, so that
+    /// a replica dropping its streams half-way does not reset its failures with each header.
     async fn stream_body(
         &self,
         client: &mut ServerSession,
         upstream: &mut HttpSession,
         replica: &Replica,
         in_flight: &mut InFlight,
+        answer_ok: bool,
     ) -> Outcome {
         let idle = Duration::from_millis(self.snapshot.config.timeouts.idle_ms);
         let is_sse = upstream
@@ -480,6 +481,9 @@ impl Forward<'_> {
                     }
                 }
                 Ok(None) => {
+                    if answer_ok {
+                        replica.record_success();
+                    }
                     return match client.finish_body().await {
                         Ok(()) => Outcome::Complete,
                         Err(_) => Outcome::Close,
