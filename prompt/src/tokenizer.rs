@@ -5,8 +5,8 @@
 
 use crate::gguf::{Gguf, GgufError, Value};
 use std::collections::HashSet;
-use std::sync::OnceLock;
 use std::path::Path;
+use std::sync::OnceLock;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;

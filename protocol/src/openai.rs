@@ -611,7 +611,10 @@ mod tests {
     #[test]
     fn numbers_too_large_for_their_type_are_refused() {
         // Found by fuzzing: 1e39 read as an f32 is infinity, which wrote back as null.
-        let body = format!(r#"{{"model":"m","prompt":"p","temperature":5{}.2}}"#, "5".repeat(60));
+        let body = format!(
+            r#"{{"model":"m","prompt":"p","temperature":5{}.2}}"#,
+            "5".repeat(60)
+        );
         let e = GenerationRequest::parse(Endpoint::Completions, body.as_bytes()).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("temperature"));
         let body = r#"{"model":"m","prompt":"p","top_p":1e39}"#;
