@@ -192,6 +192,9 @@ enum Command {
         disconnect_rate: f64,
         #[arg(long, default_value_t = 2)]
         disconnect_after: u32,
+        /// Share of requests answered 200 with an event stream that is not an OpenAI one.
+        #[arg(long, default_value_t = 0.0)]
+        garbage_rate: f64,
     },
 }
 
@@ -419,6 +422,7 @@ fn run(command: Command) -> Result<(), String> {
             hang_rate,
             disconnect_rate,
             disconnect_after,
+            garbage_rate,
         } => {
             let faults = kvgate_testkit::Faults {
                 first_token_delay_ms,
@@ -428,8 +432,8 @@ fn run(command: Command) -> Result<(), String> {
                 hang_rate,
                 disconnect_rate,
                 disconnect_after,
+                garbage_rate,
                 healthy: true,
-                ..Default::default()
             };
             let config = kvgate_testkit::WorkerConfig {
                 addr: SocketAddr::new(host, port),

@@ -415,6 +415,29 @@ async fn a_replica_that_drops_every_stream_half_way_is_ejected_for_longer_each_t
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_answering_garbage_is_ejected_for_longer_each_time() {
+    // A 200 whose stream never ends with `[DONE]` is no success.
+    ejections_grow(&["--garbage-rate", "1.0"], true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_ends_without_done_gets_an_error_event() {
+    let bad = Worker::start(&["--garbage-rate", "1.0"]).await;
+    let gw = Gateway::start(&[&bad], "").await;
+    let resp = client()
+        .post(format!("{}/v1/completions", gw.url()))
+        .json(&completion("hi", true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let raw = resp.bytes().await.unwrap();
+    let events = kvgate_protocol::sse::SseParser::default().push(&raw);
+    let last: serde_json::Value = serde_json::from_str(events.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "bad_gateway", "{last}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_dying_before_it_answers_hands_the_request_to_the_next() {
     // Both answer after 2 s; whichever gets the request is killed before it answers.
     let mut workers = [

@@ -22,18 +22,13 @@ fn long_chat(bytes: usize) -> serde_json::Value {
     serde_json::json!({ "model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 4 })
 }
 
-async fn post(url: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
-    let r = reqwest::Client::builder()
+/// A chat through a client that waits for a debug build's long tokenization.
+async fn chat_post(url: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    let c = reqwest::Client::builder()
         .timeout(Duration::from_secs(300))
         .build()
-        .unwrap()
-        .post(format!("{url}/v1/chat/completions"))
-        .json(body)
-        .send()
-        .await
         .unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or_default())
+    post_with(&c, url, "/v1/chat/completions", body).await
 }
 
 /// Sends a long prompt (one the byte bound lets through, so it is tokenized in full, which
@@ -42,7 +37,7 @@ async fn post(url: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
 async fn health_answers_during_a_long_prompt(url: &str) {
     let big = tokio::spawn({
         let url = url.to_string();
-        async move { post(&url, &long_chat(600_000)).await }
+        async move { chat_post(&url, &long_chat(600_000)).await }
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
     let health = reqwest::Client::new()
@@ -65,12 +60,12 @@ async fn health_answers_during_a_long_prompt(url: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worker_refuses_text_too_long_for_its_context_before_tokenizing() {
     let w = SimWorker::start(&["--time-scale", "0.01"]).await;
-    let (status, body) = post(&w.url(), &long_chat(4 << 20)).await;
+    let (status, body) = chat_post(&w.url(), &long_chat(4 << 20)).await;
     assert_eq!(status, 400, "{body}");
     let message = body["error"]["message"].as_str().unwrap();
     assert!(message.contains("bytes of text"), "{message}");
     assert_eq!(body["error"]["param"], "messages");
-    let (status, body) = post(&w.url(), &long_chat(200)).await;
+    let (status, body) = chat_post(&w.url(), &long_chat(200)).await;
     assert_eq!(status, 200, "{body}");
 }
 
@@ -93,7 +88,7 @@ fn token_mode(threads: usize) -> String {
 async fn the_gateway_refuses_text_too_long_for_the_context_without_forwarding_it() {
     let w = Worker::start(&[]).await;
     let gw = Gateway::start(&[&w], &token_mode(2)).await;
-    let (status, body) = post(&gw.url(), &long_chat(4 << 20)).await;
+    let (status, body) = chat_post(&gw.url(), &long_chat(4 << 20)).await;
     assert_eq!(status, 400, "{body}");
     assert!(
         body["error"]["message"]
@@ -103,7 +98,7 @@ async fn the_gateway_refuses_text_too_long_for_the_context_without_forwarding_it
         "{body}"
     );
     assert_eq!(w.stats().await["requests"], 0, "the worker saw it");
-    let (status, _) = post(&gw.url(), &long_chat(200)).await;
+    let (status, _) = chat_post(&gw.url(), &long_chat(200)).await;
     assert_eq!(status, 200);
 }
 

@@ -7,17 +7,6 @@ mod common;
 
 use common::*;
 
-async fn post(url: &str, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
-    let r = client()
-        .post(format!("{url}{path}"))
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or_default())
-}
-
 fn base() -> serde_json::Value {
     serde_json::json!({ "model": MODEL, "prompt": "Once upon a time", "max_tokens": 6, "ignore_eos": true, "seed": 7 })
 }

@@ -13,17 +13,6 @@ fn tokens_prompt(tokens: &[u32], max_tokens: u32, stream: bool) -> serde_json::V
     serde_json::json!({ "model": MODEL, "prompt": tokens, "max_tokens": max_tokens, "stream": stream, "ignore_eos": true })
 }
 
-async fn post(url: &str, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
-    let r = client()
-        .post(format!("{url}{path}"))
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or_default())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_2048_token_prefix_is_reported_as_cached() {
     let w = SimWorker::start(&["--time-scale", "0.01"]).await;

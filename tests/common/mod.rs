@@ -293,6 +293,28 @@ pub fn client() -> reqwest::Client {
         .unwrap()
 }
 
+/// POST `body` to `url` + `path`: the status and the JSON body (null when it is not JSON).
+pub async fn post(url: &str, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    post_with(&client(), url, path, body).await
+}
+
+/// [`post`] through a client of the caller's (another timeout).
+pub async fn post_with(
+    c: &reqwest::Client,
+    url: &str,
+    path: &str,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let r = c
+        .post(format!("{url}{path}"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or_default())
+}
+
 /// GET `url` and parse its JSON body.
 pub async fn get_json(url: &str) -> serde_json::Value {
     client()
@@ -407,7 +429,10 @@ pub fn parse_sse(raw: &str) -> (String, bool, bool) {
             done = true;
             continue;
         }
-        let v: serde_json::Value = serde_json::from_str(&data).unwrap();
+        // Data that is no JSON (a garbled stream) carries no text.
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&data) else {
+            continue;
+        };
         if v.get("error").is_some() {
             error = true;
         }

@@ -5,6 +5,7 @@
 //! first byte is written to the client the request is never retried: a failure mid-stream ends
 //! an SSE stream with an error event, or closes a non-streamed response.
 
+use super::answer_end::AnswerEnd;
 use super::respond;
 use crate::gateway::{Gateway, Route, Snapshot};
 use crate::replica::{FailureOutcome, InFlight, Replica};
@@ -443,6 +444,7 @@ impl Forward<'_> {
             .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
         let route = self.endpoint.path();
         let mut first_chunk = true;
+        let mut end = AnswerEnd::new(is_sse);
         // Made once, not per chunk.
         let grace_over = self.gateway.drain.grace_over();
         tokio::pin!(grace_over);
@@ -475,13 +477,33 @@ impl Forward<'_> {
                             .observe(self.started.elapsed().as_secs_f64());
                         upstream.set_read_timeout(Some(idle));
                     }
+                    end.push(&chunk);
                     if client.write_response_body(chunk, false).await.is_err() {
                         self.gateway.metrics.client_disconnects.inc();
                         return Outcome::Close;
                     }
                 }
                 Ok(None) => {
-                    if answer_ok {
+                    if answer_ok && !end.is_whole() {
+                        self.failed(replica, "garbled");
+                        tracing::warn!(replica = %replica.name, "replica's answer did not end as a whole answer does");
+                        // A blank line first ends whatever partial line the replica left.
+                        if is_sse
+                            && client
+                                .write_response_body(Bytes::from_static(b"\n\n"), false)
+                                .await
+                                .is_ok()
+                        {
+                            let error = ApiError::new(
+                                ErrorKind::BadGateway,
+                                format!(
+                                    "replica `{}` ended its stream without `[DONE]`",
+                                    replica.name
+                                ),
+                            );
+                            return end_with_error(client, &error).await;
+                        }
+                    } else if answer_ok {
                         replica.record_success();
                     }
                     return match client.finish_body().await {

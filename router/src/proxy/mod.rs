@@ -1,5 +1,6 @@
 //! The client-facing listener: OpenAI routes, health, models and metrics.
 
+mod answer_end;
 mod body;
 mod forward;
 pub mod header;
