@@ -394,11 +394,14 @@ fn run(command: Command) -> Result<(), String> {
             })
         }
         Command::CheckConfig { file } => match kvgate_router::check_config(&file) {
-            Ok(config) => {
+            Ok(checked) => {
+                for warning in &checked.warnings {
+                    println!("{}: warning: {warning}", file.display());
+                }
                 println!(
                     "{}: ok ({} replicas)",
                     file.display(),
-                    config.replicas.len()
+                    checked.config.replicas.len()
                 );
                 Ok(())
             }

@@ -31,7 +31,7 @@ fn token_mode_yaml() -> String {
     let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
     format!(
-        "tokenizers:\n  - model: {MODEL}\n    path: \"{}\"\npolicy:\n  speculative_ttl_ms: 100\n",
+        "tokenizers:\n  - model: {MODEL}\n    path: \"{}\"\npolicy:\n  assumed_ttl_ms: 100\n",
         model.display()
     )
 }

@@ -81,6 +81,45 @@ async fn request_ids_models_and_explain() {
         .await
         .unwrap();
     assert_eq!(resp.headers()["x-request-id"].len(), 24, "a generated id");
+    // Opted in: the chosen replica's whole breakdown, every signal by name; the metrics and
+    // the admin API carry the same.
+    let resp = client
+        .post(format!("{}/v1/completions", gw.url()))
+        .header("x-kvgate-debug", "1")
+        .json(&completion("z", false))
+        .send()
+        .await
+        .unwrap();
+    let route = resp.headers()["x-kvgate-route"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let replica = resp.headers()["x-kvgate-replica"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let metrics = gw.metrics().await;
+    let row = gw
+        .replicas()
+        .await
+        .into_iter()
+        .find(|r| r["id"] == replica.as_str())
+        .unwrap();
+    for signal in [
+        "prefix", "ring", "load", "prefill", "fresh", "session", "kv", "adapter",
+    ] {
+        assert!(
+            route.contains(&format!(";{signal}=")),
+            "{signal} missing: {route}"
+        );
+        assert!(
+            metrics.contains(&format!(
+                "kvgate_replica_last_score{{replica=\"{replica}\",signal=\"{signal}\"}}"
+            )),
+            "{signal} missing from the metrics"
+        );
+        assert!(row["last_scores"]["signals"][signal].is_number(), "{row}");
+    }
 
     let models = get_json(&format!("{}/v1/models", gw.url())).await;
     let mut ids: Vec<&str> = models["data"]

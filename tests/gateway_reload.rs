@@ -182,6 +182,24 @@ fn check_config_reports_every_error_with_its_path() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
+    // A key under its old name still works, with a warning.
+    std::fs::write(
+        &good,
+        "listen: \"127.0.0.1:8080\"\nreplicas:\n  - url: \"http://127.0.0.1:9001\"\npolicy:\n  speculative_ttl_ms: 100\n",
+    )
+    .unwrap();
+    let out = kvgate()
+        .args(["check-config", good.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains(
+            "warning: policy.speculative_ttl_ms is deprecated: it is now policy.assumed_ttl_ms"
+        ),
+        "{stdout}"
+    );
 }
 
 #[test]

@@ -93,7 +93,7 @@ async fn groups_stay_where_their_blocks_are() {
         .join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
     // Guesses expire after 300 ms: later decisions rest on the workers' events alone.
     let yaml = format!(
-        "agents:\n  token_file: \"{}\"\ntokenizers:\n  - model: {MODEL}\n    path: \"{}\"\n    block_size: 16\npolicy:\n  speculative_ttl_ms: 300\n  queue_saturation: 2\n",
+        "agents:\n  token_file: \"{}\"\ntokenizers:\n  - model: {MODEL}\n    path: \"{}\"\n    block_size: 16\npolicy:\n  assumed_ttl_ms: 300\n  queue_saturation: 2\n",
         token.display(),
         model.display()
     );

@@ -217,7 +217,7 @@ pub fn prefix_index(data: &[u8]) {
                 let hashes: Vec<u64> = blocks.into_iter().map(hash).collect();
                 let (now, ttl) = (u64::from(now), u64::from(ttl));
                 let r = ReplicaId(u32::from(replica % REPLICAS));
-                index.speculate(r, &hashes, usize::from(held), now, now + ttl);
+                index.assume(r, &hashes, usize::from(held), now, now + ttl);
                 // With guesses counted, a replica is worth at least what it holds.
                 let mut matched = vec![0.0; usize::from(REPLICAS)];
                 index.overlaps(&hashes, now, &mut matched);

@@ -1,15 +1,19 @@
 //! Decision-time percentiles (criterion reports means): times 200,000 single decisions at 8,
 //! 64 and 1024 replicas, half warm prefixes, half cold; in text mode with 1M prefix chunks
 //! indexed, then in token mode with 1M blocks known from KV events (each decision there also
-//! records its speculative entries, as the gateway does).
+//! records its assumed entries, as the gateway does); and in token mode through the whole
+//! fleet state, as the gateway decides: candidates, views, ranking and sending, with 64
+//! requests kept in flight (each decision ends the request sent 64 before it).
 //! Run: `cargo bench -p kvgate-policies --bench decision_percentiles`
 // Benchmarks are not request paths: failing loudly is what they should do.
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 mod fleet;
 
-use fleet::{prompt, setup, setup_precise, token_prompt, INDEXED_BLOCKS, INDEXED_CHUNKS};
-use kvgate_policies::{FleetView, RequestFeatures};
+use fleet::{
+    prompt, setup, setup_fleet_state, setup_precise, token_prompt, INDEXED_BLOCKS, INDEXED_CHUNKS,
+};
+use kvgate_policies::{Ask, FleetView, RequestFeatures};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -44,6 +48,28 @@ fn main() {
             started.elapsed()
         });
         report("token", replicas, samples);
+        drop(precise);
+        let (mut state, mut warm) = setup_fleet_state(replicas);
+        let mut cold: Vec<_> = (0..1000)
+            .map(|i| token_prompt(INDEXED_BLOCKS + i))
+            .collect();
+        let any = Default::default();
+        let samples = time(|i| {
+            let now_ms = i as u64;
+            let f = pick_mut(&mut warm, &mut cold, i);
+            f.now_ms = now_ms;
+            let ask = Ask {
+                model: "m",
+                pool: &any,
+                features: f,
+            };
+            let started = Instant::now();
+            black_box(state.route(i as u64, &ask, now_ms, 3).unwrap());
+            state.first_token(i as u64);
+            state.finished((i as u64).wrapping_sub(64));
+            started.elapsed()
+        });
+        report("token, fleet state", replicas, samples);
     }
 }
 

@@ -1,6 +1,8 @@
 //! The `policy:` section of the gateway config.
 
+use crate::signal::{BySignal, Signal};
 use serde::{Deserialize, Serialize};
+use std::ops::Index;
 
 /// Routing policy settings. Every field has a default, so `policy:` may be omitted.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -32,9 +34,11 @@ pub struct PolicyConfig {
     pub chunk_bytes: usize,
     /// Text mode: chunk hashes remembered per replica (least recently used dropped first).
     pub prefix_capacity: usize,
-    /// Token mode: a routing decision counts the prompt's blocks as held by the chosen replica
-    /// for this long, until the replica's KV events confirm them.
-    pub speculative_ttl_ms: u64,
+    /// Token mode: a routing decision assumes the chosen replica holds the prompt's blocks for
+    /// this long, until the replica's KV events confirm them (`speculative_ttl_ms`, its old
+    /// name, is still read).
+    #[serde(alias = "speculative_ttl_ms")]
+    pub assumed_ttl_ms: u64,
     /// A session keeps its replica while it sends a request at least this often.
     pub session_ttl_ms: u64,
     /// Sessions remembered at most (idle ones are forgotten first).
@@ -57,7 +61,7 @@ impl Default for PolicyConfig {
             ring_key_chunks: 4,
             chunk_bytes: 256,
             prefix_capacity: 100_000,
-            speculative_ttl_ms: 3_000,
+            assumed_ttl_ms: 3_000,
             session_ttl_ms: 600_000,
             session_capacity: 100_000,
             kv_saturation: 0.9,
@@ -66,76 +70,54 @@ impl Default for PolicyConfig {
     }
 }
 
-/// Weights of the normalised signals, each in [0, 1].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct Weights {
-    /// Fraction of the prompt's prefix chunks the replica is believed to hold.
-    pub prefix: f64,
-    /// 1 for the bounded-load consistent-hash owner of the prompt's first chunks.
-    pub ring: f64,
-    /// 1 for an idle replica, falling towards 0 as its load (requests in flight from this
-    /// gateway plus those its agent reports queued) nears the fleet's busiest.
-    pub load: f64,
-    /// 1 for the replica with the least prefill ahead of this request's first token (its
-    /// prefill backlog plus the share of the prompt it does not hold), falling as that work
-    /// grows: a replica with one prompt's length more work than the least scores at most 0.5.
-    pub prefill: f64,
-    /// 1 unless the replica's agent reports are stale (then 0).
-    pub fresh: f64,
-    /// 1 for the replica the request's session is bound to, unless it is saturated.
-    pub session: f64,
-    /// The fraction of its KV cache free, as its agent reports (1 without reports).
-    pub kv: f64,
-    /// Adapter residency: 1 resident, 0.5 a free slot, 0 neither.
-    pub adapter: f64,
-}
+/// Weights of the normalised signals (each in [0, 1]; see [`Signal`]), by name in the config;
+/// a weight not given keeps its default.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct Weights(pub BySignal);
 
 impl Default for Weights {
     fn default() -> Self {
-        Weights {
-            prefix: 3.0,
-            ring: 1.0,
-            load: 1.0,
-            prefill: 6.0,
-            fresh: 1.0,
-            session: 5.0,
-            kv: 1.0,
-            adapter: 4.0,
+        let mut w = BySignal::default();
+        for (s, v) in [
+            (Signal::Prefix, 3.0),
+            (Signal::Ring, 1.0),
+            (Signal::Load, 1.0),
+            (Signal::Prefill, 6.0),
+            (Signal::Fresh, 1.0),
+            (Signal::Session, 5.0),
+            (Signal::Kv, 1.0),
+            (Signal::Adapter, 4.0),
+        ] {
+            w[s] = v;
         }
+        Weights(w)
+    }
+}
+
+impl<'de> Deserialize<'de> for Weights {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        crate::signal::read_map(deserializer, Weights::default().0).map(Weights)
+    }
+}
+
+impl Index<Signal> for Weights {
+    type Output = f64;
+    fn index(&self, s: Signal) -> &f64 {
+        &self.0[s]
     }
 }
 
 impl Weights {
-    /// Each weight by its name in the config.
-    fn named(&mut self) -> [(&'static str, &mut f64); 8] {
-        [
-            ("prefix", &mut self.prefix),
-            ("ring", &mut self.ring),
-            ("load", &mut self.load),
-            ("prefill", &mut self.prefill),
-            ("fresh", &mut self.fresh),
-            ("session", &mut self.session),
-            ("kv", &mut self.kv),
-            ("adapter", &mut self.adapter),
-        ]
-    }
-
     /// Sets the weight named `name` (as in the config) to a finite `value` >= 0.
     pub fn set(&mut self, name: &str, value: f64) -> Result<(), String> {
         if !(value.is_finite() && value >= 0.0) {
             return Err(format!("must be a finite number >= 0, got {value}"));
         }
-        let mut named = self.named();
-        let known: Vec<&str> = named.iter().map(|(n, _)| *n).collect();
-        let known = known.join(", ");
-        match named.iter_mut().find(|(n, _)| *n == name) {
-            Some((_, w)) => {
-                **w = value;
-                Ok(())
-            }
-            None => Err(format!("unknown weight `{name}` (known: {known})")),
-        }
+        let s = Signal::from_name(name)
+            .ok_or_else(|| format!("unknown weight `{name}` (known: {})", Signal::names()))?;
+        self.0[s] = value;
+        Ok(())
     }
 }
 
@@ -215,10 +197,10 @@ impl PolicyConfig {
                 self.session_capacity
             ),
         );
-        for (name, w) in self.weights.clone().named() {
+        for (signal, w) in self.weights.0.iter() {
             check(
-                w.is_finite() && *w >= 0.0,
-                &format!("weights.{name}"),
+                w.is_finite() && w >= 0.0,
+                &format!("weights.{}", signal.name()),
                 format!("must be a finite number >= 0, got {w}"),
             );
         }

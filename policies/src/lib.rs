@@ -4,6 +4,7 @@
 
 pub mod config;
 mod fleet;
+mod fleet_state;
 mod holders;
 mod load_cap;
 mod lru;
@@ -13,10 +14,16 @@ mod prefix_index;
 mod ring;
 mod select;
 mod sessions;
+mod signal;
 
 pub use config::{PolicyConfig, Weights};
 pub use fleet::{FleetView, ReplicaId, ReplicaView, RequestFeatures};
+pub use fleet_state::{
+    AgentState, Ask, Ejection, FailureOutcome, FleetState, Freshness, NoRoute, ReplicaSpec,
+    ReplicaState, ReportAges, ReportOutcome, RequestId,
+};
 pub use precise_index::{Applied, PreciseIndex};
 pub use prefix_index::ApproxPrefixIndex;
 pub use ring::HashRing;
-pub use select::{Candidate, Decision, Policy, Signals};
+pub use select::{Candidate, Decision, Policy};
+pub use signal::{BySignal, Signal};

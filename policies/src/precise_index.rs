@@ -1,8 +1,8 @@
 //! Precise prefix index (token mode): block hash → the replicas that hold the block and in
 //! which tier, fed by the workers' KV events, which name exactly the hashes the gateway computes
-//! from the prompt's token ids. A routing decision adds short-lived speculative entries for
+//! from the prompt's token ids. A routing decision adds short-lived assumed entries for
 //! the chosen replica, covering the time until its stored-block events arrive. To keep a
-//! decision cheap, a guess is recorded at every [`SPECULATION_STRIDE`]-th block and at the
+//! decision cheap, a guess is recorded at every [`ASSUMED_STRIDE`]-th block and at the
 //! prompt's last one, so a guessed run is counted in whole strides (a later prompt that shares
 //! 18 blocks of a guessed 20 counts 16).
 //!
@@ -20,11 +20,11 @@ const DEVICE: u8 = 1;
 const HOST: u8 = 2;
 
 /// Blocks between two recorded guesses.
-pub const SPECULATION_STRIDE: usize = 4;
+pub const ASSUMED_STRIDE: usize = 4;
 
 /// Whether block `i` of an `n`-block prompt carries a guess.
 fn is_checkpoint(i: usize, n: usize) -> bool {
-    i % SPECULATION_STRIDE == SPECULATION_STRIDE - 1 || i + 1 == n
+    i % ASSUMED_STRIDE == ASSUMED_STRIDE - 1 || i + 1 == n
 }
 
 fn tier_bit(tier: Tier) -> u8 {
@@ -61,7 +61,7 @@ pub struct PreciseIndex {
     per_replica: Vec<ReplicaBlocks>,
     /// Checkpoint block hash → (replica, expiry ms) of the latest routing decision that sent
     /// it, until events confirm it.
-    speculative: HashKeyMap<(ReplicaId, u64)>,
+    assumed: HashKeyMap<(ReplicaId, u64)>,
     /// Guesses in expiry order (expiry, hash), for purging.
     expiries: VecDeque<(u64, u64)>,
 }
@@ -189,12 +189,12 @@ impl PreciseIndex {
         for &hash in old.blocks.keys() {
             self.set_holder(hash, replica, 0);
         }
-        self.speculative.retain(|_, (r, _)| *r != replica);
+        self.assumed.retain(|_, (r, _)| *r != replica);
     }
 
     /// Notes that `replica` was sent a prompt with these blocks, of which it holds the first
     /// `held` already: until `expires_ms`, the rest count as held there.
-    pub fn speculate(
+    pub fn assume(
         &mut self,
         replica: ReplicaId,
         hashes: &[u64],
@@ -206,15 +206,15 @@ impl PreciseIndex {
         let n = hashes.len();
         for (i, &hash) in hashes.iter().enumerate().skip(held) {
             if is_checkpoint(i, n) {
-                self.speculative.insert(hash, (replica, expires_ms));
+                self.assumed.insert(hash, (replica, expires_ms));
                 self.expiries.push_back((expires_ms, hash));
             }
         }
     }
 
     /// Guesses recorded and not yet purged.
-    pub fn speculative_len(&self) -> usize {
-        self.speculative.len()
+    pub fn assumed_len(&self) -> usize {
+        self.assumed.len()
     }
 
     fn purge_expired(&mut self, now_ms: u64) {
@@ -224,17 +224,13 @@ impl PreciseIndex {
             }
             self.expiries.pop_front();
             // A later decision may have renewed the guess: drop it only if it is due.
-            if self
-                .speculative
-                .get(&hash)
-                .is_some_and(|&(_, e)| e <= now_ms)
-            {
-                self.speculative.remove(&hash);
+            if self.assumed.get(&hash).is_some_and(|&(_, e)| e <= now_ms) {
+                self.assumed.remove(&hash);
             }
         }
     }
 
-    /// For each replica holding a leading run of `hashes` (from events, or speculatively until
+    /// For each replica holding a leading run of `hashes` (from events, or assumed until
     /// `now_ms`), the run's worth in blocks: 1 per device block, 0.5 per host block. Written
     /// into `matched`, indexed by replica slot (which must be long enough).
     pub fn overlaps(&self, hashes: &[u64], now_ms: u64, matched: &mut [f64]) {
@@ -289,7 +285,7 @@ impl PreciseIndex {
             .filter(|&(i, _)| is_checkpoint(i, n))
         {
             let guess = self
-                .speculative
+                .assumed
                 .get(hash)
                 .filter(|&&(_, expires)| expires > now_ms)
                 .map(|&(r, _)| r);
@@ -455,7 +451,7 @@ mod tests {
     fn guesses_count_in_strides_until_they_expire() {
         let mut idx = PreciseIndex::default();
         let prompt: Vec<u64> = (1..=10).collect();
-        idx.speculate(A, &prompt, 0, 100, 200);
+        idx.assume(A, &prompt, 0, 100, 200);
         assert_eq!(overlaps(&idx, &prompt, 150), vec![10.0, 0.0]);
         assert_eq!(
             overlaps(&idx, &prompt[..9], 150),
@@ -467,15 +463,15 @@ mod tests {
             vec![0.0, 0.0],
             "no checkpoint reached"
         );
-        idx.speculate(B, &prompt[..4], 0, 190, 400);
+        idx.assume(B, &prompt[..4], 0, 190, 400);
         assert_eq!(
             overlaps(&idx, &prompt, 250),
             vec![0.0, 4.0],
             "A's guesses expired; B's renewed block 4"
         );
-        idx.speculate(B, &[99], 0, 250, 500);
+        idx.assume(B, &[99], 0, 250, 500);
         assert_eq!(
-            idx.speculative_len(),
+            idx.assumed_len(),
             2,
             "the next decision purges the expired guesses"
         );
@@ -486,12 +482,8 @@ mod tests {
         assert_eq!(overlaps(&idx, &prompt, 250), vec![6.0, 0.0]);
         // A holds 6 from events; the decision guesses the rest only, and the run goes on
         // through events into guesses.
-        idx.speculate(A, &prompt, 6, 300, 600);
-        assert_eq!(
-            idx.speculative_len(),
-            2,
-            "checkpoints 8 and 10 guessed, not 4"
-        );
+        idx.assume(A, &prompt, 6, 300, 600);
+        assert_eq!(idx.assumed_len(), 2, "checkpoints 8 and 10 guessed, not 4");
         assert_eq!(overlaps(&idx, &prompt, 350), vec![10.0, 0.0]);
     }
 }

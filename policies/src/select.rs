@@ -3,25 +3,13 @@
 use crate::load_cap::{FleetLoad, LoadCaps};
 use crate::prefill::PromptWork;
 use crate::sessions::SessionTable;
+use crate::signal::BySignal;
 use crate::{
     Applied, ApproxPrefixIndex, FleetView, HashRing, PolicyConfig, PreciseIndex, ReplicaId,
-    RequestFeatures,
+    RequestFeatures, Signal,
 };
 use kvgate_protocol::telemetry::KvUpdate;
 use serde::Serialize;
-
-/// Normalised signal values, each in [0, 1], before weighting.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct Signals {
-    pub prefix: f64,
-    pub ring: f64,
-    pub load: f64,
-    pub prefill: f64,
-    pub fresh: f64,
-    pub session: f64,
-    pub kv: f64,
-    pub adapter: f64,
-}
 
 /// One ranked replica and why it got its score.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -29,7 +17,8 @@ pub struct Candidate {
     #[serde(skip)]
     pub replica: ReplicaId,
     pub total: f64,
-    pub signals: Signals,
+    /// Each signal's value in [0, 1], before weighting.
+    pub signals: BySignal,
     /// How far clockwise from the request's ring key the replica's first ring point lies
     /// (`u64::MAX` off the ring): the tie-breaker, so that every gateway replica breaks ties
     /// alike.
@@ -48,6 +37,29 @@ pub struct Candidate {
     /// request here adds to its prefill backlog.
     pub prefill_tokens: u64,
     pub in_flight: u32,
+}
+
+impl Candidate {
+    /// The whole breakdown on one line, `name=value;…`: the total, every signal, then the
+    /// figures behind them (the `x-kvgate-route` header).
+    pub fn breakdown(&self) -> String {
+        use std::fmt::Write;
+        let mut out = format!("total={:.3}", self.total);
+        for (signal, value) in self.signals.iter() {
+            let _ = write!(out, ";{}={value:.3}", signal.name());
+        }
+        let _ = write!(
+            out,
+            ";ring_distance={};in_flight={};load_cap={};saturated={};prefix_blocks={};prefill_tokens={}",
+            self.ring_distance,
+            self.in_flight,
+            self.load_cap,
+            self.saturated,
+            self.prefix_blocks,
+            self.prefill_tokens
+        );
+        out
+    }
 }
 
 /// A replica's limits in one decision.
@@ -156,10 +168,10 @@ impl Policy {
         if features.block_hashes.is_empty() {
             self.prefix.insert(replica, &features.prefix_chunks);
         } else {
-            let expires = features.now_ms + self.config.speculative_ttl_ms;
+            let expires = features.now_ms + self.config.assumed_ttl_ms;
             let hashes = &features.block_hashes;
             self.precise
-                .speculate(replica, hashes, held, features.now_ms, expires);
+                .assume(replica, hashes, held, features.now_ms, expires);
         }
         if let Some(session) = features.session {
             let c = &self.config;
@@ -301,43 +313,35 @@ impl Policy {
                     full,
                 } = limits[i];
                 let held = matched[r.id.0 as usize];
-                let signals = Signals {
-                    prefix: if is_saturated {
-                        0.0
-                    } else {
-                        held / blocks.max(1) as f64
-                    },
-                    ring: if owner == Some(r.id) { 1.0 } else { 0.0 },
-                    load: 1.0
-                        - f64::from(r.in_flight.saturating_add(r.waiting))
-                            / (f64::from(load.busiest) + 1.0),
-                    // It weighs load in tokens, so only the hard limits stop it; at its
-                    // bounded-load cap a holder still has less to compute than the others.
-                    prefill: if full {
-                        0.0
-                    } else {
-                        prompt.relative(least_work, prompt.ahead_on(r, held))
-                    },
-                    fresh: if r.stale { 0.0 } else { 1.0 },
-                    // Stickiness yields only to saturation.
-                    session: if session_home == Some(r.id) && !is_saturated {
-                        1.0
-                    } else {
-                        0.0
-                    },
-                    kv: 1.0 - r.kv_usage.unwrap_or(0.0).clamp(0.0, 1.0),
-                    adapter: r.adapter_fit,
+                let mut signals = BySignal::default();
+                signals[Signal::Prefix] = if is_saturated {
+                    0.0
+                } else {
+                    held / blocks.max(1) as f64
                 };
+                signals[Signal::Ring] = if owner == Some(r.id) { 1.0 } else { 0.0 };
+                signals[Signal::Load] = 1.0
+                    - f64::from(r.in_flight.saturating_add(r.waiting))
+                        / (f64::from(load.busiest) + 1.0);
+                // It weighs load in tokens, so only the hard limits stop it; at its
+                // bounded-load cap a holder still has less to compute than the others.
+                signals[Signal::Prefill] = if full {
+                    0.0
+                } else {
+                    prompt.relative(least_work, prompt.ahead_on(r, held))
+                };
+                signals[Signal::Fresh] = if r.stale { 0.0 } else { 1.0 };
+                // Stickiness yields only to saturation.
+                signals[Signal::Session] = if session_home == Some(r.id) && !is_saturated {
+                    1.0
+                } else {
+                    0.0
+                };
+                signals[Signal::Kv] = 1.0 - r.kv_usage.unwrap_or(0.0).clamp(0.0, 1.0);
+                signals[Signal::Adapter] = r.adapter_fit;
                 Candidate {
                     replica: r.id,
-                    total: w.prefix * signals.prefix
-                        + w.ring * signals.ring
-                        + w.load * signals.load
-                        + w.prefill * signals.prefill
-                        + w.fresh * signals.fresh
-                        + w.session * signals.session
-                        + w.kv * signals.kv
-                        + w.adapter * signals.adapter,
+                    total: signals.weighted(&w.0),
                     signals,
                     ring_distance: distance[i],
                     saturated: is_saturated,

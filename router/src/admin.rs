@@ -32,23 +32,34 @@ impl AdminApp {
 /// Sets the per-replica gauges from live state, just before a scrape.
 pub fn refresh_gauges(gateway: &Gateway) {
     let snap = gateway.snapshot();
-    let snap_agents = snap.config.agents.as_ref();
-    for r in &snap.replicas {
-        gateway
-            .metrics
-            .in_flight
-            .with_label_values(&[&r.name])
-            .set(i64::from(r.in_flight()));
-        gateway
-            .metrics
-            .prefill_backlog
-            .with_label_values(&[&r.name])
-            .set(i64::try_from(r.prefill_backlog()).unwrap_or(i64::MAX));
-        gateway
-            .metrics
-            .healthy
-            .with_label_values(&[&r.name])
-            .set(i64::from(r.is_routable(snap_agents)));
+    let now = gateway.now_ms();
+    let fleet = gateway.fleet();
+    let ages = fleet.report_ages();
+    let m = &gateway.metrics;
+    for replica in &snap.replicas {
+        let Some(r) = fleet.replica(replica.slot) else {
+            continue;
+        };
+        let name = replica.name.as_str();
+        m.in_flight
+            .with_label_values(&[name])
+            .set(i64::from(r.in_flight));
+        m.prefill_backlog
+            .with_label_values(&[name])
+            .set(i64::try_from(r.prefill_backlog).unwrap_or(i64::MAX));
+        m.healthy
+            .with_label_values(&[name])
+            .set(i64::from(r.is_routable(ages, now)));
+        if let Some(last) = &r.last_decision {
+            m.last_score
+                .with_label_values(&[name, "total"])
+                .set(last.total);
+            for (signal, value) in last.signals.iter() {
+                m.last_score
+                    .with_label_values(&[name, signal.name()])
+                    .set(value);
+            }
+        }
     }
 }
 
@@ -93,7 +104,7 @@ impl HttpServerApp for AdminApp {
                 let replicas: Vec<serde_json::Value> = snap
                     .replicas
                     .iter()
-                    .map(|r| r.status_json(snap.config.agents.as_ref()))
+                    .map(|r| gateway.replica_status(r))
                     .collect();
                 (200, json(&serde_json::json!({ "replicas": replicas })))
             }

@@ -61,10 +61,9 @@ fn accept(
     }
     let replica = gateway.replica_for_report(&report)?;
     let kv = report.kv.take();
-    let outcome = replica.record_report(report);
+    let outcome = gateway.record_report(&replica, &report);
     if outcome.restarted {
-        tracing::info!(replica = %replica.name, "worker restarted: forgetting its cached prefixes");
-        gateway.forget(&replica);
+        tracing::info!(replica = %replica.name, "worker restarted: forgot its cached prefixes");
     }
     let mut reply = ReportReply {
         status: "ok".into(),

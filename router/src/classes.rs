@@ -271,8 +271,11 @@ mod tests {
         let gold = trusting.classify(Some(b"gold"), None).unwrap();
         assert_eq!(gold.name, "gold");
         let batch = trusting.classify(Some(b"batch"), None).unwrap();
-        assert_eq!(batch.weights.load, 7.0);
-        assert_eq!(batch.weights.prefix, PolicyConfig::default().weights.prefix);
+        assert_eq!(batch.weights[kvgate_policies::Signal::Load], 7.0);
+        assert_eq!(
+            batch.weights[kvgate_policies::Signal::Prefix],
+            PolicyConfig::default().weights[kvgate_policies::Signal::Prefix]
+        );
         assert!(
             batch.admits(&[("tier".into(), "batch".into()), ("zone".into(), "a".into())].into())
         );

@@ -5,22 +5,26 @@
 use crate::admission::{Admission, Refused};
 use crate::classes::Class;
 use crate::config::{self, ConfigError, GatewayConfig};
+use crate::in_flight::InFlight;
 use crate::metrics::Metrics;
-use crate::replica::{AdapterStatus, Freshness, InFlight, ModelMatch, Replica};
+use crate::replica::Replica;
 pub use crate::snapshot::Snapshot;
 use crate::snapshot::{
     build_classes, build_replicas, build_tenants, config_error, read_tokens, same_server, Tokens,
 };
 use crate::tokenizers::{self, TokenModes};
 use kvgate_policies::{
-    Applied, Candidate, Decision, FleetView, Policy, ReplicaId, ReplicaView, RequestFeatures,
+    Applied, Ask, Candidate, Decision, Ejection, FailureOutcome, FleetState, NoRoute, ReplicaState,
+    ReportAges, ReportOutcome, RequestFeatures,
 };
 use kvgate_protocol::telemetry::{KvUpdate, TelemetryReport};
 use kvgate_protocol::{ApiError, ErrorKind};
 use pingora_core::connectors::http::Connector;
 use pingora_core::connectors::ConnectorOptions;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Instant;
 
 pub struct Gateway {
@@ -30,9 +34,11 @@ pub struct Gateway {
     tokens: RwLock<Tokens>,
     /// Replicas that joined by reporting (`agents.join: open`), kept across reloads.
     joined: Mutex<Vec<config::ReplicaConfig>>,
-    /// The clock routing state (session bindings) is kept by.
+    /// The clock the fleet state is kept by.
     epoch: Instant,
-    policy: Mutex<Policy>,
+    /// Every replica's live state and the policy's: see [`FleetState`].
+    fleet: Arc<Mutex<FleetState>>,
+    next_request: AtomicU64,
     pub admission: Admission,
     pub metrics: Metrics,
     pub connector: Connector,
@@ -63,7 +69,7 @@ impl Gateway {
                 message: format!("metrics: {e}"),
             }]
         })?;
-        let policy = Policy::new(config.policy.clone());
+        let fleet = FleetState::new(config.policy.clone(), report_ages(&config));
         let replicas = build_replicas(&config, &[], &[])?;
         let tokens = read_tokens(&config)?;
         let tokenizers = tokenizers::load(&config, &TokenModes::new())?;
@@ -94,7 +100,8 @@ impl Gateway {
             tokens: RwLock::new(tokens),
             joined: Mutex::new(Vec::new()),
             epoch: Instant::now(),
-            policy: Mutex::new(policy),
+            fleet: Arc::new(Mutex::new(fleet)),
+            next_request: AtomicU64::new(0),
             admission: Admission::default(),
             metrics,
             connector,
@@ -104,7 +111,7 @@ impl Gateway {
             drain: Default::default(),
             certificate,
         };
-        gateway.sync_policy_members();
+        gateway.sync_fleet_members();
         Ok(gateway)
     }
 
@@ -118,7 +125,7 @@ impl Gateway {
     /// Re-reads the config file; on any error the running config is kept.
     pub fn reload(&self) -> Result<(), Vec<ConfigError>> {
         let result = match &self.config_path {
-            Some(path) => config::load_file(path).and_then(|c| self.apply(c)),
+            Some(path) => config::load_file_warning(path).and_then(|c| self.apply(c)),
             None => Err(vec![ConfigError {
                 path: ".".into(),
                 line: None,
@@ -153,10 +160,8 @@ impl Gateway {
             tracing::warn!("upstream_ca_file changes take effect only after a restart");
         }
         *self.tokens.write().unwrap_or_else(PoisonError::into_inner) = tokens;
-        self.policy
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .set_config(config.policy.clone());
+        self.fleet()
+            .set_config(config.policy.clone(), report_ages(&config));
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(Snapshot {
             config,
             replicas,
@@ -165,7 +170,7 @@ impl Gateway {
             tenants,
         });
         drop(joined);
-        self.sync_policy_members();
+        self.sync_fleet_members();
         tracing::info!("configuration reloaded");
         Ok(())
     }
@@ -268,42 +273,96 @@ impl Gateway {
         let joined_replica = find(&snap);
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = snap;
         drop(joined);
-        self.sync_policy_members();
+        self.sync_fleet_members();
         tracing::info!(replica = %report.replica, url = %report.url, "replica joined by reporting");
         joined_replica.ok_or_else(|| ApiError::new(ErrorKind::Internal, "joined replica vanished"))
     }
 
-    /// Forgets what the policy learnt about a replica's cache (its worker restarted).
-    pub fn forget(&self, replica: &Replica) {
-        self.policy
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .forget(replica.slot);
+    /// The fleet state, locked.
+    pub fn fleet(&self) -> MutexGuard<'_, FleetState> {
+        self.fleet.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes a report from a replica's agent (without its KV events: [`Gateway::apply_kv`]).
+    pub fn record_report(&self, replica: &Replica, report: &TelemetryReport) -> ReportOutcome {
+        let now = self.now_ms();
+        self.fleet()
+            .report(replica.slot, report, now)
+            .unwrap_or(ReportOutcome {
+                restarted: false,
+                missed: 0,
+            })
     }
 
     /// Applies the KV events a replica's agent relayed to the precise prefix index.
     pub fn apply_kv(&self, replica: &Replica, update: &KvUpdate) -> Applied {
-        self.policy
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .apply_kv(replica.slot, update)
+        self.fleet().kv_events(replica.slot, update)
     }
 
-    fn sync_policy_members(&self) {
+    /// A request to `replica` failed; see [`FleetState::failed`].
+    pub fn replica_failed(
+        &self,
+        replica: &Replica,
+        health: &config::HealthConfig,
+    ) -> FailureOutcome {
+        let now = self.now_ms();
+        self.fleet().failed(replica.slot, now, ejection(health))
+    }
+
+    /// A request to `replica` succeeded; see [`FleetState::succeeded`].
+    pub fn replica_succeeded(&self, replica: &Replica) {
+        self.fleet().succeeded(replica.slot);
+    }
+
+    /// An active health check's result; see [`FleetState::checked`].
+    pub fn replica_checked(
+        &self,
+        replica: &Replica,
+        passed: bool,
+        health: &config::HealthConfig,
+    ) -> FailureOutcome {
+        let now = self.now_ms();
+        self.fleet()
+            .checked(replica.slot, passed, now, ejection(health))
+    }
+
+    pub fn is_ejected(&self, replica: &Replica) -> bool {
+        let now = self.now_ms();
+        self.fleet()
+            .replica(replica.slot)
+            .is_some_and(|r| r.is_ejected(now))
+    }
+
+    pub fn set_discovered_models(&self, replica: &Replica, models: Vec<String>) {
+        self.fleet().set_discovered_models(replica.slot, models);
+    }
+
+    /// The models `replica` serves: configured, else discovered; `None` while unknown.
+    pub fn models_of(&self, replica: &Replica) -> Option<Vec<String>> {
+        self.fleet()
+            .replica(replica.slot)
+            .and_then(|r| r.models().map(<[String]>::to_vec))
+    }
+
+    /// Every model some replica serves.
+    pub fn models(&self) -> BTreeSet<String> {
+        let fleet = self.fleet();
+        fleet
+            .replicas()
+            .filter_map(|(_, r)| r.models())
+            .flatten()
+            .cloned()
+            .collect()
+    }
+
+    fn sync_fleet_members(&self) {
         let snap = self.snapshot();
-        let members: Vec<(ReplicaId, &str)> = snap
-            .replicas
-            .iter()
-            .map(|r| (r.slot, r.name.as_str()))
-            .collect();
-        self.policy
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .set_members(&members);
+        self.fleet()
+            .set_replicas(snap.replicas.iter().map(|r| (r.slot, r.spec())).collect());
     }
 
-    /// Ranks the replicas for a request on `model`. The top one is counted in flight before
-    /// the policy lock is released, so concurrent decisions see each other.
+    /// Ranks the replicas for a request on `model` and sends it to the top one: counted in
+    /// flight there before the fleet state is unlocked, so concurrent decisions see each other.
     pub fn route(
         &self,
         snap: &Snapshot,
@@ -311,7 +370,53 @@ impl Gateway {
         features: &RequestFeatures,
         class: Option<&Class>,
     ) -> Result<Route, ApiError> {
-        self.route_top(snap, model, features, class, None)
+        let top = snap.config.retries.attempts.max(1) as usize;
+        let id = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
+        let now = self.now_ms();
+        let decision = self
+            .fleet()
+            .route(id, &ask(model, features, class), now, top);
+        self.metrics
+            .decision
+            .observe(started.elapsed().as_secs_f64());
+        let first = InFlight::new(
+            Arc::clone(&self.fleet),
+            Arc::clone(&self.admission.released),
+            id,
+        );
+        let decision = decision.map_err(|e| no_route(e, class))?;
+        Ok(self.route_of(snap, decision, first))
+    }
+
+    /// The ranked replicas of a decision, by slot.
+    fn route_of(&self, snap: &Snapshot, decision: Decision, first: InFlight) -> Route {
+        let Decision { ranked, load_bound } = decision;
+        let ranked = ranked
+            .into_iter()
+            .filter_map(|c| {
+                snap.replicas
+                    .iter()
+                    .find(|r| r.slot == c.replica)
+                    .map(|r| (Arc::clone(r), c))
+            })
+            .collect();
+        Route {
+            ranked,
+            first,
+            load_bound,
+        }
+    }
+
+    /// Sends a request to another ranked replica (a retry): it leaves the previous one.
+    pub fn resend(&self, choice: &Candidate, features: &RequestFeatures) -> InFlight {
+        let id = self.next_request.fetch_add(1, Ordering::Relaxed);
+        self.fleet().send(id, choice, features);
+        InFlight::new(
+            Arc::clone(&self.fleet),
+            Arc::clone(&self.admission.released),
+            id,
+        )
     }
 
     /// Admits a request of `class` (see [`crate::admission`]; at once without SLA classes),
@@ -326,7 +431,11 @@ impl Gateway {
         let Some(class) = class else {
             return self.route(snap, model, features, None);
         };
-        let has_room = |model: &str, class: &Class| self.has_room(&self.snapshot(), model, class);
+        let has_room = |model: &str, class: &Class| {
+            let now = self.now_ms();
+            self.fleet()
+                .has_room(&ask(model, features, Some(class)), now)
+        };
         let depth = |d: usize| {
             self.metrics
                 .queue_depth
@@ -353,99 +462,6 @@ impl Gateway {
         }
     }
 
-    /// Whether some replica of `class`'s pool that serves `model` has room: below its
-    /// in-flight cap, and below the KV and queue saturation its agent reports. An unknown
-    /// model "has room", so that routing reports it.
-    fn has_room(&self, snap: &Snapshot, model: &str, class: &Class) -> bool {
-        let Ok(serving) = candidates(snap, model, Some(class)) else {
-            return true;
-        };
-        let agents = snap.config.agents.as_ref();
-        let policy = &snap.config.policy;
-        serving.iter().any(|(r, _)| {
-            r.is_routable(agents)
-                && r.config.max_in_flight.is_none_or(|cap| r.in_flight() < cap)
-                && r.reported_kv_usage()
-                    .is_none_or(|u| u < policy.kv_saturation)
-                && r.reported_waiting() < policy.queue_saturation
-        })
-    }
-
-    /// [`Gateway::route`] ranking `top` replicas (default: as many as a request may try).
-    fn route_top(
-        &self,
-        snap: &Snapshot,
-        model: &str,
-        features: &RequestFeatures,
-        class: Option<&Class>,
-        top: Option<usize>,
-    ) -> Result<Route, ApiError> {
-        let serving = candidates(snap, model, class)?;
-        let agents = snap.config.agents.as_ref();
-        let views: Vec<ReplicaView> = serving
-            .iter()
-            .map(|&(r, adapter_fit)| ReplicaView {
-                id: r.slot,
-                healthy: r.is_routable(agents),
-                in_flight: r.in_flight(),
-                max_in_flight: r.config.max_in_flight,
-                waiting: r.reported_waiting(),
-                prefill_backlog: r.prefill_backlog(),
-                stale: r.freshness(agents) == Freshness::Stale,
-                kv_usage: r.reported_kv_usage(),
-                adapter_fit,
-            })
-            .collect();
-        let started = Instant::now();
-        let mut policy = self.policy.lock().unwrap_or_else(PoisonError::into_inner);
-        // Only the replicas a request may be tried on need ranking.
-        let attempts = snap.config.retries.attempts.max(1) as usize;
-        let Decision { ranked, load_bound } = policy.select_top(
-            features,
-            FleetView { replicas: &views },
-            top.unwrap_or(attempts),
-        );
-        let Some(top) = ranked.first() else {
-            drop(policy);
-            return Err(ApiError::new(
-                ErrorKind::Unavailable,
-                format!("no healthy replica serves model `{model}`"),
-            ));
-        };
-        let by_slot = |slot: ReplicaId| {
-            serving
-                .iter()
-                .find(|(r, _)| r.slot == slot)
-                .map(|(r, _)| Arc::clone(r))
-        };
-        let first = by_slot(top.replica)
-            .map(|r| InFlight::new(r, Arc::clone(&self.admission.released), top.prefill_tokens));
-        policy.record_choice(top, features);
-        drop(policy);
-        self.metrics
-            .decision
-            .observe(started.elapsed().as_secs_f64());
-        let first =
-            first.ok_or_else(|| ApiError::new(ErrorKind::Internal, "ranked an unknown replica"))?;
-        let ranked = ranked
-            .into_iter()
-            .filter_map(|c| by_slot(c.replica).map(|r| (r, c)))
-            .collect();
-        Ok(Route {
-            ranked,
-            first,
-            load_bound,
-        })
-    }
-
-    /// Records that a retry sent the request's prefix to another ranked replica.
-    pub fn record_prefix(&self, choice: &Candidate, features: &RequestFeatures) {
-        self.policy
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .record_choice(choice, features);
-    }
-
     /// Explains a decision without sending anything (admin API).
     pub fn explain(
         &self,
@@ -454,76 +470,118 @@ impl Gateway {
         class: Option<&Class>,
     ) -> Result<serde_json::Value, ApiError> {
         let snap = self.snapshot();
-        let route = self.route_top(&snap, model, features, class, Some(usize::MAX))?;
-        // Explaining must not count as load.
-        drop(route.first);
-        let candidates: Vec<serde_json::Value> = route
+        let now = self.now_ms();
+        let decision = self
+            .fleet()
+            .rank(&ask(model, features, class), now, usize::MAX)
+            .map_err(|e| no_route(e, class))?;
+        let name = |slot| {
+            snap.replicas
+                .iter()
+                .find(|r| r.slot == slot)
+                .map(|r| r.name.as_str())
+        };
+        let candidates: Vec<serde_json::Value> = decision
             .ranked
             .iter()
-            .map(|(r, c)| serde_json::json!({ "replica": r.name, "score": c }))
+            .map(|c| serde_json::json!({ "replica": name(c.replica), "score": c }))
             .collect();
         Ok(
-            serde_json::json!({ "model": model, "load_bound": route.load_bound, "candidates": candidates }),
+            serde_json::json!({ "model": model, "load_bound": decision.load_bound, "candidates": candidates }),
         )
+    }
+
+    /// A replica's live state for the admin API.
+    pub fn replica_status(&self, replica: &Replica) -> serde_json::Value {
+        let fleet = self.fleet();
+        let Some(r) = fleet.replica(replica.slot) else {
+            return serde_json::json!({ "id": replica.name, "url": replica.config.url });
+        };
+        let now = self.now_ms();
+        let ages = fleet.report_ages();
+        status_json(replica, r, ages, now)
     }
 }
 
-/// The replicas that may serve `model`, each with its adapter fit (see [`AdapterStatus::fit`];
-/// 0 unless `model` names an adapter). A model may name a LoRA adapter: replicas where it is
-/// resident serve it, and so may any replica with adapter slots (it loads the adapter,
-/// evicting another if full), which also covers an adapter resident nowhere yet. Otherwise the
-/// replicas that list the model serve it, else those whose models are not known yet.
-fn candidates<'a>(
-    snap: &'a Snapshot,
-    model: &str,
-    class: Option<&Class>,
-) -> Result<Vec<(&'a Arc<Replica>, f64)>, ApiError> {
-    let all: Vec<(&Arc<Replica>, ModelMatch, Option<AdapterStatus>)> = snap
-        .replicas
-        .iter()
-        .filter(|r| class.is_none_or(|c| c.admits(&r.config.labels)))
-        .map(|r| (r, r.may_serve(model), r.adapter_status(model)))
-        .collect();
-    let capable = |a: &Option<AdapterStatus>| a.is_some_and(|a| a.slots_free.is_some());
-    let listed = all.iter().any(|(_, m, _)| *m == ModelMatch::Yes);
-    let names_adapter = all.iter().any(|(_, _, a)| a.is_some_and(|a| a.resident))
-        || (!listed && all.iter().any(|(_, _, a)| capable(a)));
-    let fit = |a: &Option<AdapterStatus>| match a {
-        Some(a) if names_adapter => a.fit(),
-        _ => 0.0,
-    };
-    let keep = |m: ModelMatch, a: &Option<AdapterStatus>| {
-        if names_adapter {
-            m == ModelMatch::Yes || capable(a)
-        } else if listed {
-            m == ModelMatch::Yes
-        } else {
-            m == ModelMatch::Unknown
-        }
-    };
-    let serving: Vec<(&'a Arc<Replica>, f64)> = all
-        .iter()
-        .filter(|(_, m, a)| keep(*m, a))
-        .map(|(r, _, a)| (*r, fit(a)))
-        .collect();
-    if serving.is_empty() {
-        if let Some(c) = class.filter(|c| !c.pool.is_empty()) {
-            return Err(ApiError::new(
-                ErrorKind::ModelNotFound,
-                format!(
-                    "model `{model}` is not served by any replica in the pool of class `{}` ({:?})",
-                    c.name, c.pool
-                ),
-            )
-            .with_param("model"));
-        }
-        return Err(ApiError::new(
-            ErrorKind::ModelNotFound,
-            format!("model `{model}` is not served by any replica"),
-        )
-        .with_param("model"));
+fn status_json(
+    replica: &Replica,
+    r: &ReplicaState,
+    ages: Option<ReportAges>,
+    now: u64,
+) -> serde_json::Value {
+    let agent = r.agent.as_ref().map(|a| {
+        serde_json::json!({
+            "age_ms": now.saturating_sub(a.received_ms),
+            "instance": a.instance,
+            "seq": a.seq,
+            "missed_reports": a.missed,
+            "healthy": a.healthy,
+            "running": a.load.running,
+            "waiting": a.load.waiting,
+            "kv_blocks_total": a.load.kv_blocks_total,
+            "kv_usage": a.load.kv_usage(),
+            "adapters": a.load.adapters,
+            "gpus": a.gpus,
+        })
+    });
+    serde_json::json!({
+        "id": replica.name,
+        "url": replica.config.url,
+        "healthy": r.healthy,
+        "ejected": r.is_ejected(now),
+        "available": r.is_routable(ages, now),
+        "freshness": r.freshness(ages, now),
+        "agent": agent,
+        "in_flight": r.in_flight,
+        "prefill_backlog": r.prefill_backlog,
+        "consecutive_failures": r.consecutive_failures,
+        "ejections_in_a_row": r.ejections,
+        "models": r.models(),
+        "labels": replica.config.labels,
+        "last_scores": r.last_decision,
+    })
+}
+
+/// What `class` asks of the fleet for a request on `model`.
+fn ask<'a>(model: &'a str, features: &'a RequestFeatures, class: Option<&'a Class>) -> Ask<'a> {
+    static ANY: BTreeMap<String, String> = BTreeMap::new();
+    Ask {
+        model,
+        pool: class.map_or(&ANY, |c| &c.pool),
+        features,
     }
-    Ok(serving)
+}
+
+fn no_route(e: NoRoute, class: Option<&Class>) -> ApiError {
+    match e {
+        NoRoute::NoneHealthy { .. } => ApiError::new(ErrorKind::Unavailable, e.to_string()),
+        NoRoute::NotInPool { model, pool } => ApiError::new(
+            ErrorKind::ModelNotFound,
+            format!(
+                "model `{model}` is not served by any replica in the pool of class `{}` ({pool:?})",
+                class.map_or("", |c| c.name.as_str())
+            ),
+        )
+        .with_param("model"),
+        NoRoute::UnknownModel { .. } => {
+            ApiError::new(ErrorKind::ModelNotFound, e.to_string()).with_param("model")
+        }
+    }
+}
+
+fn report_ages(config: &GatewayConfig) -> Option<ReportAges> {
+    config.agents.as_ref().map(|a| ReportAges {
+        stale_after_ms: a.stale_after_ms,
+        exclude_after_ms: a.exclude_after_ms,
+    })
+}
+
+fn ejection(health: &config::HealthConfig) -> Ejection {
+    Ejection {
+        after_failures: health.eject_after_failures,
+        base_ms: health.ejection_base_ms,
+        max_ms: health.ejection_max_ms,
+    }
 }
 
 /// Idle connections kept per upstream (Pingora's default).

@@ -2,9 +2,10 @@
 //! tasks.
 
 use crate::gateway::Gateway;
-use crate::replica::{FailureOutcome, Replica};
+use crate::replica::Replica;
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
+use kvgate_policies::FailureOutcome;
 use kvgate_protocol::openai::ModelList;
 use pingora_core::connectors::http::Connector;
 use pingora_core::server::ShutdownWatch;
@@ -30,7 +31,7 @@ impl BackgroundService for HealthChecker {
             let discover = last_discovery
                 .is_none_or(|t| t.elapsed() >= Duration::from_millis(health.models_refresh_ms));
             let mut checks = tokio::task::JoinSet::new();
-            for replica in snap.replicas.iter().filter(|r| !r.is_ejected()) {
+            for replica in snap.replicas.iter().filter(|r| !self.gateway.is_ejected(r)) {
                 let (gateway, replica, health) = (
                     Arc::clone(&self.gateway),
                     Arc::clone(replica),
@@ -45,12 +46,12 @@ impl BackgroundService for HealthChecker {
                     if !passed {
                         tracing::debug!(replica = %replica.name, "health check failed");
                     }
-                    if let FailureOutcome::Ejected(backoff) = replica.record_check(passed, &health) {
-                        tracing::warn!(replica = %replica.name, ?backoff, "replica ejected: health checks failing");
+                    if let FailureOutcome::Ejected(backoff_ms) = gateway.replica_checked(&replica, passed, &health) {
+                        tracing::warn!(replica = %replica.name, backoff_ms, "replica ejected: health checks failing");
                         gateway.metrics.ejections.with_label_values(&[&replica.name]).inc();
                     }
-                    if passed && replica.needs_discovery() && (discover || replica.models().is_none()) {
-                        discover_models(&gateway.connector, &replica, timeout).await;
+                    if passed && replica.needs_discovery() && (discover || gateway.models_of(&replica).is_none()) {
+                        discover_models(&gateway, &replica, timeout).await;
                     }
                 });
             }
@@ -66,12 +67,11 @@ impl BackgroundService for HealthChecker {
     }
 }
 
-async fn discover_models(connector: &Connector, replica: &Replica, timeout: Duration) {
-    match get(connector, replica, "/v1/models", timeout).await {
+async fn discover_models(gateway: &Gateway, replica: &Replica, timeout: Duration) {
+    match get(&gateway.connector, replica, "/v1/models", timeout).await {
         Ok((200, body)) => match serde_json::from_slice::<ModelList>(&body) {
-            Ok(list) => {
-                replica.set_discovered_models(list.data.into_iter().map(|m| m.id).collect())
-            }
+            Ok(list) => gateway
+                .set_discovered_models(replica, list.data.into_iter().map(|m| m.id).collect()),
             Err(e) => tracing::warn!(replica = %replica.name, error = %e, "unreadable /v1/models"),
         },
         Ok((status, _)) => tracing::warn!(replica = %replica.name, status, "/v1/models failed"),

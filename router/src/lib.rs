@@ -9,6 +9,7 @@ pub mod config;
 mod drain;
 mod gateway;
 mod health;
+mod in_flight;
 mod metrics;
 mod proxy;
 mod replica;
@@ -55,10 +56,20 @@ fn check_listen(what: &'static str, addr: &str) -> Result<(), StartError> {
 }
 
 /// Validates a config file: every error, or nothing.
-pub fn check_config(path: &Path) -> Result<GatewayConfig, Vec<ConfigError>> {
+/// A config that passed `check-config`, and its warnings (deprecated keys).
+pub struct Checked {
+    pub config: GatewayConfig,
+    pub warnings: Vec<String>,
+}
+
+pub fn check_config(path: &Path) -> Result<Checked, Vec<ConfigError>> {
     let config = config::load_file(path)?;
     tokenizers::load(&config, &Default::default())?;
-    Ok(config)
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    Ok(Checked {
+        config,
+        warnings: config::deprecations(&text),
+    })
 }
 
 /// How the gateway starts.
@@ -75,7 +86,7 @@ pub struct RunOptions {
 /// [`drain`]; SIGQUIT: hand the listeners to an upgrading process, then drain; SIGHUP: reload
 /// the config file). Never returns on success.
 pub fn run(path: &Path, options: RunOptions) -> Result<(), StartError> {
-    let mut config = config::load_file(path).map_err(StartError::Config)?;
+    let mut config = config::load_file_warning(path).map_err(StartError::Config)?;
     if let Some(addr) = options.listen {
         config.listen = config::Listen::One(addr);
     }

@@ -1,8 +1,8 @@
 //! The gateway's Prometheus metrics (`kvgate_` prefix, base units).
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -24,6 +24,8 @@ pub struct Metrics {
     pub in_flight: IntGaugeVec,
     pub prefill_backlog: IntGaugeVec,
     pub healthy: IntGaugeVec,
+    /// The breakdown of the last request sent to each replica: its total and every signal.
+    pub last_score: GaugeVec,
     /// By reason: connect, status_503, status_429, stale_connection.
     pub retries: IntCounterVec,
     pub ejections: IntCounterVec,
@@ -120,6 +122,17 @@ impl Metrics {
                 "1 if the replica is eligible for routing",
                 &["replica"],
             )?,
+            last_score: {
+                let g = GaugeVec::new(
+                    Opts::new(
+                        "kvgate_replica_last_score",
+                        "The last decision that sent a request to the replica: its total and each signal",
+                    ),
+                    &["replica", "signal"],
+                )?;
+                registry.register(Box::new(g.clone()))?;
+                g
+            },
             retries: counter(
                 "kvgate_retries_total",
                 "Requests moved to another replica",

@@ -23,17 +23,6 @@ pub struct Snapshot {
     pub tenants: Option<Tenants>,
 }
 
-impl Snapshot {
-    /// Every model some replica serves.
-    pub fn models(&self) -> BTreeSet<String> {
-        self.replicas
-            .iter()
-            .filter_map(|r| r.models())
-            .flatten()
-            .collect()
-    }
-}
-
 pub(crate) fn build_classes(config: &GatewayConfig) -> Result<Option<Classes>, Vec<ConfigError>> {
     let Some(sla) = &config.sla else {
         return Ok(None);

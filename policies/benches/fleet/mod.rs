@@ -2,7 +2,9 @@
 //! mode), or 1M token blocks known from KV events (token mode).
 #![allow(dead_code)]
 
-use kvgate_policies::{Policy, PolicyConfig, ReplicaId, ReplicaView, RequestFeatures};
+use kvgate_policies::{
+    FleetState, Policy, PolicyConfig, ReplicaId, ReplicaSpec, ReplicaView, RequestFeatures,
+};
 use kvgate_protocol::kv_events::{KvSnapshot, KV_EVENTS_VERSION};
 use kvgate_protocol::telemetry::KvUpdate;
 use kvgate_protocol::{block_hashes, text_chunk_hashes, HashSeed};
@@ -66,11 +68,55 @@ pub fn setup_precise(replicas: u32) -> (Policy, Vec<ReplicaView>, Vec<RequestFea
     (policy, fleet(replicas), prompts)
 }
 
+/// Token mode as the gateway keeps it: the whole fleet state, each replica's blocks from its
+/// KV-event snapshot as in [`setup_precise`].
+pub fn setup_fleet_state(replicas: u32) -> (FleetState, Vec<RequestFeatures>) {
+    let mut fleet = FleetState::new(PolicyConfig::default(), None);
+    fleet.set_replicas(
+        (0..replicas)
+            .map(|i| {
+                let name = name(i);
+                let spec = ReplicaSpec {
+                    url: name.clone(),
+                    name,
+                    models: vec!["m".into()],
+                    labels: Default::default(),
+                    max_in_flight: None,
+                };
+                (ReplicaId(i), spec)
+            })
+            .collect(),
+    );
+    let prompts: Vec<RequestFeatures> = (0..INDEXED_BLOCKS / BLOCKS_PER_PROMPT)
+        .map(token_prompt)
+        .collect();
+    let mut held: Vec<Vec<u64>> = vec![Vec::new(); replicas as usize];
+    for (i, p) in prompts.iter().enumerate() {
+        held[i % replicas as usize].extend(&p.block_hashes);
+    }
+    for (r, hashes) in held.into_iter().enumerate() {
+        let update = KvUpdate {
+            snapshot: Some(KvSnapshot {
+                version: KV_EVENTS_VERSION,
+                seq: 0,
+                block_size: 16,
+                hashes,
+                host_hashes: Vec::new(),
+            }),
+            batches: Vec::new(),
+        };
+        fleet.kv_events(ReplicaId(r as u32), &update);
+    }
+    (fleet, prompts)
+}
+
+fn name(i: u32) -> String {
+    format!("http://10.0.{}.{}:8000", i / 256, i % 256)
+}
+
 fn members(replicas: u32, config: PolicyConfig) -> Policy {
     let mut policy = Policy::new(config);
-    let names: Vec<String> = (0..replicas)
-        .map(|i| format!("http://10.0.{}.{}:8000", i / 256, i % 256))
-        .collect();
+    let names: Vec<String> = (0..replicas).map(name).collect();
     let members: Vec<(ReplicaId, &str)> = names
         .iter()
         .enumerate()

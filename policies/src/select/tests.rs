@@ -79,7 +79,7 @@ fn a_session_keeps_its_replica_until_saturation_or_expiry() {
         let f = turn(key * 7919, 1000 * i as u64);
         let d = p.select(&f, FleetView { replicas: &fleet });
         assert_eq!(d.ranked[0].replica, home, "turn {i}");
-        assert_eq!(d.ranked[0].signals.session, 1.0);
+        assert_eq!(d.ranked[0].signals[Signal::Session], 1.0);
         p.record(home, &f);
     }
     // Saturated: the session yields.
@@ -90,7 +90,7 @@ fn a_session_keeps_its_replica_until_saturation_or_expiry() {
     fleet[home.0 as usize].in_flight = 0;
     let late = 20_000 + p.config().session_ttl_ms;
     let d = p.select(&turn(5, late), FleetView { replicas: &fleet });
-    assert!(d.ranked.iter().all(|c| c.signals.session == 0.0));
+    assert!(d.ranked.iter().all(|c| c.signals[Signal::Session] == 0.0));
 }
 
 #[test]
@@ -100,7 +100,7 @@ fn cold_prefix_goes_to_the_ring_owner_and_warm_prefix_sticks() {
     let f = features(12345, &[1, 2, 3]);
     let first = p.select(&f, FleetView { replicas: &fleet });
     let owner = first.ranked[0].replica;
-    assert_eq!(first.ranked[0].signals.ring, 1.0);
+    assert_eq!(first.ranked[0].signals[Signal::Ring], 1.0);
     p.record(owner, &f);
     // Same prefix, different ring key (e.g. a different suffix): the prefix holder wins.
     let again = p.select(
@@ -108,7 +108,7 @@ fn cold_prefix_goes_to_the_ring_owner_and_warm_prefix_sticks() {
         FleetView { replicas: &fleet },
     );
     assert_eq!(again.ranked[0].replica, owner);
-    assert_eq!(again.ranked[0].signals.prefix, 0.75);
+    assert_eq!(again.ranked[0].signals[Signal::Prefix], 0.75);
 }
 
 #[test]
@@ -125,7 +125,7 @@ fn saturated_holder_yields_its_prefix() {
     assert_eq!(d.load_bound, 3);
     assert_ne!(d.ranked[0].replica, owner);
     let held = d.ranked.iter().find(|c| c.replica == owner).unwrap();
-    assert!(held.saturated && held.signals.prefix == 0.0);
+    assert!(held.saturated && held.signals[Signal::Prefix] == 0.0);
 }
 
 #[test]
@@ -229,11 +229,15 @@ fn a_prefill_backlog_steers_a_cold_prompt_past_its_ring_owner() {
     busy[owner.0 as usize].prefill_backlog = 30_000;
     let d = p.select(&f, FleetView { replicas: &busy });
     assert_ne!(d.ranked[0].replica, owner);
-    assert_eq!(d.ranked[0].signals.prefill, 1.0);
+    assert_eq!(d.ranked[0].signals[Signal::Prefill], 1.0);
     assert_eq!(d.ranked[0].prefill_tokens, 2_000);
     let o = d.ranked.iter().find(|c| c.replica == owner).unwrap();
-    assert_eq!(o.signals.ring, 1.0);
-    assert!(o.signals.prefill < 0.2, "{}", o.signals.prefill);
+    assert_eq!(o.signals[Signal::Ring], 1.0);
+    assert!(
+        o.signals[Signal::Prefill] < 0.2,
+        "{}",
+        o.signals[Signal::Prefill]
+    );
 }
 
 #[test]
@@ -255,8 +259,8 @@ fn a_held_prompt_outweighs_a_short_backlog() {
     assert_eq!(d.ranked[0].replica, home);
     assert_eq!(d.ranked[0].prefill_tokens, 0);
     // 500 tokens ahead at home against 1,000 to compute anywhere else.
-    assert_eq!(d.ranked[0].signals.prefill, 1.0);
-    assert_eq!(d.ranked[1].signals.prefill, 0.75);
+    assert_eq!(d.ranked[0].signals[Signal::Prefill], 1.0);
+    assert_eq!(d.ranked[1].signals[Signal::Prefill], 0.75);
 }
 
 #[test]
@@ -291,7 +295,7 @@ proptest! {
         prefill in prop::sample::select(vec![0.0, 6.0]),
     ) {
         let mut config = PolicyConfig { cached_load_bonus: bonus, imbalance_factor: imbalance, ..Default::default() };
-        config.weights.prefill = prefill;
+        config.weights.0[Signal::Prefill] = prefill;
         let mut p = policy_with(n, config);
         let c = p.config().load_factor;
         let mut loads = vec![0u32; n as usize];
@@ -340,4 +344,23 @@ proptest! {
             prop_assert_eq!(&head.ranked[..], &a.ranked[..top.min(loads.len())]);
         }
     }
+}
+
+#[test]
+fn the_breakdown_names_every_signal() {
+    let p = policy(2);
+    let d = p.select(
+        &features(1, &[1, 2]),
+        FleetView {
+            replicas: &view(&[0, 3]),
+        },
+    );
+    let line = d.ranked[0].breakdown();
+    for s in Signal::ALL {
+        assert!(line.contains(&format!(";{}=", s.name())), "{line}");
+    }
+    assert!(
+        line.starts_with("total=") && line.contains(";in_flight=0;"),
+        "{line}"
+    );
 }

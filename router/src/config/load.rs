@@ -34,6 +34,33 @@ pub fn load_file(path: &Path) -> Result<GatewayConfig, Vec<ConfigError>> {
     parse_str(&text)
 }
 
+/// [`load_file`], logging its warnings (deprecated keys).
+pub fn load_file_warning(path: &Path) -> Result<GatewayConfig, Vec<ConfigError>> {
+    let config = load_file(path)?;
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    for warning in deprecations(&text) {
+        tracing::warn!("{}: {warning}", path.display());
+    }
+    Ok(config)
+}
+
+/// Keys still read under an old name: (path, its name now).
+const RENAMED: [(&str, &str, &str); 1] = [("policy", "speculative_ttl_ms", "assumed_ttl_ms")];
+
+/// Warnings about deprecated keys in config text (which is otherwise valid).
+pub fn deprecations(text: &str) -> Vec<String> {
+    let Ok(value) = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(text) else {
+        return Vec::new();
+    };
+    RENAMED
+        .iter()
+        .filter(|(section, old, _)| value.get(section).and_then(|s| s.get(old)).is_some())
+        .map(|(section, old, new)| {
+            format!("{section}.{old} is deprecated: it is now {section}.{new}")
+        })
+        .collect()
+}
+
 /// Policy presets (`policy: {preset: NAME}`), from `config/policies/`.
 const PRESETS: [(&str, &str); 3] = [
     (
@@ -232,7 +259,13 @@ mod tests {
         .unwrap();
         let p = &c.policy;
         assert_eq!((p.load_factor, p.queue_saturation), (1.1, 9));
-        assert_eq!((p.weights.prefix, p.weights.load), (2.5, 3.0));
+        assert_eq!(
+            (
+                p.weights[kvgate_policies::Signal::Prefix],
+                p.weights[kvgate_policies::Signal::Load]
+            ),
+            (2.5, 3.0)
+        );
         assert_eq!(
             p.chunk_bytes, 256,
             "fields no preset sets keep their defaults"
@@ -261,6 +294,23 @@ mod tests {
         ))
         .unwrap_err();
         assert_eq!(errs[0].path, "policy.load_factor");
+    }
+
+    #[test]
+    fn a_renamed_key_is_read_and_warned_about() {
+        let base = "listen: \"127.0.0.1:8080\"\nreplicas:\n  - url: \"http://127.0.0.1:9001\"\n";
+        let text = &format!("{base}policy:\n  speculative_ttl_ms: 250\n");
+        assert_eq!(parse_str(text).unwrap().policy.assumed_ttl_ms, 250);
+        let warnings = deprecations(text);
+        assert_eq!(warnings.len(), 1);
+        assert!(
+            warnings[0].contains("policy.assumed_ttl_ms"),
+            "{warnings:?}"
+        );
+        assert!(deprecations("policy:\n  assumed_ttl_ms: 250\n").is_empty());
+        let both = format!("{base}policy:\n  speculative_ttl_ms: 1\n  assumed_ttl_ms: 2\n");
+        let errs = parse_str(&both).unwrap_err();
+        assert!(errs[0].message.contains("duplicate field"), "{errs:?}");
     }
 
     #[test]

@@ -8,9 +8,10 @@
 use super::answer_end::AnswerEnd;
 use super::respond;
 use crate::gateway::{Gateway, Route, Snapshot};
-use crate::replica::{FailureOutcome, InFlight, Replica};
+use crate::in_flight::InFlight;
+use crate::replica::Replica;
 use bytes::Bytes;
-use kvgate_policies::{Candidate, RequestFeatures};
+use kvgate_policies::{Candidate, FailureOutcome, RequestFeatures};
 use kvgate_protocol::openai::Endpoint;
 use kvgate_protocol::{ApiError, ErrorKind};
 use pingora_core::connectors::http::Connector;
@@ -19,7 +20,6 @@ use pingora_core::protocols::http::ServerSession;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_core::ErrorType;
 use pingora_http::{RequestHeader, ResponseHeader};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Headers that describe one connection, not the message: never forwarded.
@@ -75,16 +75,8 @@ impl Forward<'_> {
         for (i, (replica, candidate)) in route.ranked.iter().enumerate().take(attempts) {
             let mut in_flight = match first.take() {
                 Some(guard) => guard,
-                None => {
-                    self.gateway.record_prefix(candidate, self.features);
-                    InFlight::new(
-                        Arc::clone(replica),
-                        Arc::clone(&self.gateway.admission.released),
-                        candidate.prefill_tokens,
-                    )
-                }
+                None => self.gateway.resend(candidate, self.features),
             };
-            replica.set_last_decision(*candidate);
             let more = i + 1 < attempts.min(route.ranked.len());
             match self
                 .attempt(client, replica, candidate, &mut in_flight, more)
@@ -130,10 +122,11 @@ impl Forward<'_> {
             .upstream_errors
             .with_label_values(&[&replica.name, kind])
             .inc();
-        if let FailureOutcome::Ejected(backoff) =
-            replica.record_failure(&self.snapshot.config.health)
+        if let FailureOutcome::Ejected(backoff_ms) = self
+            .gateway
+            .replica_failed(replica, &self.snapshot.config.health)
         {
-            tracing::warn!(replica = %replica.name, ?backoff, "replica ejected after consecutive failures");
+            tracing::warn!(replica = %replica.name, backoff_ms, "replica ejected after consecutive failures");
             self.gateway
                 .metrics
                 .ejections
@@ -408,15 +401,8 @@ impl Forward<'_> {
         }
         let mut extra = vec![("x-request-id", self.request_id.to_string())];
         if self.debug {
-            let s = &candidate.signals;
             extra.push(("x-kvgate-replica", replica.name.clone()));
-            extra.push((
-                "x-kvgate-route",
-                format!(
-                    "total={:.3};prefix={:.3};ring={:.3};load={:.3};prefill={:.3};ring_distance={};in_flight={};load_cap={};prefill_tokens={}",
-                    candidate.total, s.prefix, s.ring, s.load, s.prefill, candidate.ring_distance, candidate.in_flight, candidate.load_cap, candidate.prefill_tokens
-                ),
-            ));
+            extra.push(("x-kvgate-route", candidate.breakdown()));
         }
         for (name, value) in extra {
             if let Err(e) = header.insert_header(name, value) {
@@ -504,7 +490,7 @@ impl Forward<'_> {
                             return end_with_error(client, &error).await;
                         }
                     } else if answer_ok {
-                        replica.record_success();
+                        self.gateway.replica_succeeded(replica);
                     }
                     return match client.finish_body().await {
                         Ok(()) => Outcome::Complete,

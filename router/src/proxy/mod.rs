@@ -130,7 +130,7 @@ impl ProxyApp {
                 respond::send_json(session, 200, br#"{"status":"ok"}"#.to_vec(), &[]).await
             }
             (&Method::GET, "/v1/models") => {
-                let list = ModelList::new(gateway.snapshot().models());
+                let list = ModelList::new(gateway.models());
                 respond::send_json(
                     session,
                     200,

@@ -1,0 +1,360 @@
+//! The fleet state's events: requests in flight and their prefill, reports and their ages,
+//! membership, and which replicas may serve a request.
+
+use super::*;
+use kvgate_protocol::telemetry::EngineLoad;
+
+fn spec(name: &str, models: &[&str]) -> ReplicaSpec {
+    ReplicaSpec {
+        name: name.into(),
+        url: format!("http://{name}"),
+        models: models.iter().map(|m| m.to_string()).collect(),
+        labels: BTreeMap::new(),
+        max_in_flight: None,
+    }
+}
+
+const AGES: ReportAges = ReportAges {
+    stale_after_ms: 1_000,
+    exclude_after_ms: 5_000,
+};
+
+fn fleet(n: u32) -> FleetState {
+    let mut f = FleetState::new(PolicyConfig::default(), Some(AGES));
+    f.set_replicas(
+        (0..n)
+            .map(|i| (ReplicaId(i), spec(&format!("r{i}"), &["m"])))
+            .collect(),
+    );
+    f
+}
+
+fn features(tokens: u64) -> RequestFeatures {
+    RequestFeatures {
+        prefix_chunks: vec![1, 2, 3],
+        prompt_tokens: tokens,
+        ring_key: 42,
+        ..Default::default()
+    }
+}
+
+fn ask<'a>(model: &'a str, f: &'a RequestFeatures) -> Ask<'a> {
+    static ANY: BTreeMap<String, String> = BTreeMap::new();
+    Ask {
+        model,
+        pool: &ANY,
+        features: f,
+    }
+}
+
+fn report(instance: u64, seq: u64, load: EngineLoad) -> TelemetryReport {
+    TelemetryReport {
+        instance,
+        seq,
+        healthy: true,
+        load,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_request_counts_in_flight_until_it_ends_and_its_prompt_until_its_first_token() {
+    let mut f = fleet(2);
+    let feats = features(1_000);
+    let d = f.route(7, &ask("m", &feats), 0, 3).unwrap();
+    let to = d.ranked[0].replica;
+    let r = f.replica(to).unwrap();
+    assert_eq!((r.in_flight, r.prefill_backlog), (1, 1_000));
+    assert_eq!(r.last_decision, Some(d.ranked[0]));
+    f.first_token(7);
+    let r = f.replica(to).unwrap();
+    assert_eq!((r.in_flight, r.prefill_backlog), (1, 0));
+    f.finished(7);
+    f.finished(7);
+    let r = f.replica(to).unwrap();
+    assert_eq!((r.in_flight, r.prefill_backlog), (0, 0));
+    assert_eq!(f.requests_in_flight(), 0);
+}
+
+#[test]
+fn a_retry_moves_the_request_to_its_next_replica() {
+    let mut f = fleet(2);
+    let feats = features(500);
+    let d = f.route(1, &ask("m", &feats), 0, 3).unwrap();
+    let (first, next) = (d.ranked[0], d.ranked[1]);
+    f.send(1, &next, &feats);
+    assert_eq!(f.replica(first.replica).unwrap().in_flight, 0);
+    assert_eq!(f.replica(first.replica).unwrap().prefill_backlog, 0);
+    assert_eq!(f.replica(next.replica).unwrap().in_flight, 1);
+    f.finished(1);
+    assert_eq!(f.replica(next.replica).unwrap().in_flight, 0);
+}
+
+#[test]
+fn concurrent_decisions_see_each_other() {
+    let mut f = fleet(2);
+    let (a, b) = (
+        features(100),
+        RequestFeatures {
+            ring_key: 43,
+            prefix_chunks: vec![9],
+            ..features(100)
+        },
+    );
+    let first = f.route(1, &ask("m", &a), 0, 1).unwrap().ranked[0].replica;
+    let second = f.route(2, &ask("m", &b), 0, 1).unwrap().ranked[0];
+    assert_eq!(second.in_flight, 0, "the idle one wins: {second:?}");
+    assert_ne!(second.replica, first);
+}
+
+#[test]
+fn reports_age_into_stale_and_excluded_and_a_restart_forgets_the_cache() {
+    let mut f = fleet(1);
+    let id = ReplicaId(0);
+    assert_eq!(
+        f.replica(id).unwrap().freshness(f.report_ages(), 0),
+        Freshness::NoAgent
+    );
+    let load = EngineLoad {
+        waiting: 3,
+        kv_blocks_total: 10,
+        kv_blocks_used: 5,
+        ..Default::default()
+    };
+    let out = f.report(id, &report(1, 1, load.clone()), 100).unwrap();
+    assert_eq!(
+        out,
+        ReportOutcome {
+            restarted: false,
+            missed: 0
+        }
+    );
+    let r = f.replica(id).unwrap();
+    assert_eq!(r.reported_waiting(), 3);
+    assert_eq!(r.reported_kv_usage(), Some(0.5));
+    let ages = f.report_ages();
+    assert_eq!(r.freshness(ages, 1_099), Freshness::Fresh);
+    assert_eq!(r.freshness(ages, 1_100), Freshness::Stale);
+    assert!(r.is_routable(ages, 5_099));
+    assert_eq!(r.freshness(ages, 5_100), Freshness::Excluded);
+    assert!(!r.is_routable(ages, 5_100));
+
+    // Three reports lost, then one from a new worker process.
+    let feats = features(10);
+    f.route(1, &ask("m", &feats), 200, 1).unwrap();
+    assert!(!f
+        .policy()
+        .prefix_index()
+        .overlaps(&feats.prefix_chunks)
+        .is_empty());
+    let out = f.report(id, &report(1, 5, load.clone()), 300).unwrap();
+    assert_eq!(
+        out,
+        ReportOutcome {
+            restarted: false,
+            missed: 3
+        }
+    );
+    let out = f.report(id, &report(2, 1, load), 400).unwrap();
+    assert!(out.restarted);
+    assert!(f
+        .policy()
+        .prefix_index()
+        .overlaps(&feats.prefix_chunks)
+        .is_empty());
+    assert_eq!(f.replica(id).unwrap().agent.as_ref().unwrap().missed, 3);
+}
+
+const EJECT: Ejection = Ejection {
+    after_failures: 2,
+    base_ms: 100,
+    max_ms: 150,
+};
+
+#[test]
+fn ejects_after_consecutive_failures_with_doubling_backoff() {
+    let mut f = fleet(1);
+    let id = ReplicaId(0);
+    assert_eq!(f.failed(id, 0, EJECT), FailureOutcome::Counted);
+    f.succeeded(id);
+    assert_eq!(f.failed(id, 0, EJECT), FailureOutcome::Counted);
+    assert_eq!(f.failed(id, 0, EJECT), FailureOutcome::Ejected(100));
+    assert!(!f.replica(id).unwrap().is_routable(None, 99));
+    // The back-off is over, the check still failing.
+    assert_eq!(f.checked(id, false, 100, EJECT), FailureOutcome::Counted);
+    assert_eq!(
+        f.checked(id, false, 100, EJECT),
+        FailureOutcome::Ejected(150)
+    );
+    f.checked(id, true, 250, EJECT);
+    assert!(f.replica(id).unwrap().is_routable(None, 250));
+}
+
+#[test]
+fn passing_health_checks_do_not_end_the_back_off_of_failing_requests() {
+    let mut f = fleet(1);
+    let id = ReplicaId(0);
+    let eject = Ejection {
+        max_ms: 10_000,
+        ..EJECT
+    };
+    let mut now = 0;
+    // Every request fails while /health keeps answering: each ejection lasts twice the one
+    // before.
+    for expected in [100, 200, 400, 800] {
+        assert_eq!(f.failed(id, now, eject), FailureOutcome::Counted);
+        f.checked(id, true, now, eject);
+        assert_eq!(f.failed(id, now, eject), FailureOutcome::Ejected(expected));
+        now += expected;
+        f.checked(id, true, now, eject);
+        assert!(f.replica(id).unwrap().is_routable(None, now));
+    }
+    // A request that succeeds starts the back-off over.
+    f.succeeded(id);
+    f.failed(id, now, eject);
+    assert_eq!(f.failed(id, now, eject), FailureOutcome::Ejected(100));
+}
+
+#[test]
+fn ejected_or_unhealthy_replicas_are_not_ranked() {
+    let mut f = fleet(2);
+    let feats = features(10);
+    let once = Ejection {
+        after_failures: 1,
+        base_ms: 1_000,
+        max_ms: 1_000,
+    };
+    f.failed(ReplicaId(0), 0, once);
+    f.checked(ReplicaId(0), true, 0, once);
+    f.checked(
+        ReplicaId(1),
+        false,
+        0,
+        Ejection {
+            after_failures: 9,
+            ..once
+        },
+    );
+    assert_eq!(
+        f.rank(&ask("m", &feats), 999, 3),
+        Err(NoRoute::NoneHealthy { model: "m".into() })
+    );
+    let d = f.rank(&ask("m", &feats), 1_000, 3).unwrap();
+    assert_eq!(d.ranked.len(), 1);
+    assert_eq!(d.ranked[0].replica, ReplicaId(0));
+}
+
+#[test]
+fn listed_models_then_unknown_ones_then_pools_decide_who_serves() {
+    let mut f = FleetState::new(PolicyConfig::default(), None);
+    let mut gpu = spec("b", &[]);
+    gpu.labels.insert("tier".into(), "gpu".into());
+    f.set_replicas(vec![(ReplicaId(0), spec("a", &["m"])), (ReplicaId(1), gpu)]);
+    let feats = features(10);
+    let ids = |d: Decision| d.ranked.iter().map(|c| c.replica.0).collect::<Vec<_>>();
+    assert_eq!(ids(f.rank(&ask("m", &feats), 0, 9).unwrap()), vec![0]);
+    // Nobody lists `x`: the replica whose models are unknown may serve it.
+    assert_eq!(ids(f.rank(&ask("x", &feats), 0, 9).unwrap()), vec![1]);
+    f.set_discovered_models(ReplicaId(1), vec!["y".into()]);
+    assert_eq!(
+        f.rank(&ask("x", &feats), 0, 9),
+        Err(NoRoute::UnknownModel { model: "x".into() })
+    );
+    let pool: BTreeMap<String, String> = [("tier".to_string(), "gpu".to_string())].into();
+    let in_pool = Ask {
+        pool: &pool,
+        ..ask("m", &feats)
+    };
+    assert!(matches!(
+        f.rank(&in_pool, 0, 9),
+        Err(NoRoute::NotInPool { .. })
+    ));
+    assert!(
+        f.has_room(&in_pool, 0),
+        "nobody serves it: routing says why"
+    );
+}
+
+#[test]
+fn an_adapter_goes_where_it_is_resident_or_a_slot_is_free() {
+    let mut f = FleetState::new(PolicyConfig::default(), Some(AGES));
+    f.set_replicas(
+        (0..3)
+            .map(|i| (ReplicaId(i), spec(&format!("r{i}"), &["base"])))
+            .collect(),
+    );
+    let with = |adapters: &[&str], free: u32| EngineLoad {
+        adapters: adapters.iter().map(|a| a.to_string()).collect(),
+        adapter_slots_free: Some(free),
+        ..Default::default()
+    };
+    f.report(ReplicaId(0), &report(1, 1, with(&["sql"], 0)), 0);
+    f.report(ReplicaId(1), &report(1, 1, with(&[], 1)), 0);
+    f.report(ReplicaId(2), &report(1, 1, with(&["other"], 0)), 0);
+    let feats = features(10);
+    let d = f.rank(&ask("sql", &feats), 0, 9).unwrap();
+    let fit: BTreeMap<u32, f64> = d
+        .ranked
+        .iter()
+        .map(|c| (c.replica.0, c.signals[crate::Signal::Adapter]))
+        .collect();
+    assert_eq!(fit, [(0, 1.0), (1, 0.5), (2, 0.0)].into());
+}
+
+#[test]
+fn room_ends_at_a_cap_or_a_reported_saturation() {
+    let mut f = FleetState::new(PolicyConfig::default(), Some(AGES));
+    let mut capped = spec("a", &["m"]);
+    capped.max_in_flight = Some(1);
+    f.set_replicas(vec![(ReplicaId(0), capped)]);
+    let feats = features(10);
+    assert!(f.has_room(&ask("m", &feats), 0));
+    f.route(1, &ask("m", &feats), 0, 1).unwrap();
+    assert!(!f.has_room(&ask("m", &feats), 0));
+    f.finished(1);
+    let full = EngineLoad {
+        kv_blocks_total: 10,
+        kv_blocks_used: 10,
+        ..Default::default()
+    };
+    f.report(ReplicaId(0), &report(1, 1, full), 0);
+    assert!(!f.has_room(&ask("m", &feats), 0));
+}
+
+#[test]
+fn membership_keeps_state_while_a_replica_stays_the_same() {
+    let mut f = fleet(2);
+    let feats = features(100);
+    let to = f.route(1, &ask("m", &feats), 0, 1).unwrap().ranked[0].replica;
+    f.checked(to, false, 0, EJECT);
+    let specs = |f: &FleetState| -> Vec<(ReplicaId, ReplicaSpec)> {
+        f.replicas().map(|(id, r)| (id, r.spec.clone())).collect()
+    };
+    let same = specs(&f);
+    f.set_replicas(same.clone());
+    assert!(
+        !f.replica(to).unwrap().healthy,
+        "unchanged: its state stays"
+    );
+    // Its URL changed: it starts over, but the request still in flight on it counts.
+    let moved: Vec<_> = same
+        .into_iter()
+        .map(|(id, mut s)| {
+            if id == to {
+                s.url = "http://elsewhere".into();
+            }
+            (id, s)
+        })
+        .collect();
+    f.set_replicas(moved);
+    let r = f.replica(to).unwrap();
+    assert!(r.healthy);
+    assert_eq!(r.in_flight, 1);
+    f.finished(1);
+    assert_eq!(f.replica(to).unwrap().in_flight, 0);
+    // Gone from the list: gone, and a request ending there later changes nothing.
+    f.route(2, &ask("m", &feats), 0, 1).unwrap();
+    f.set_replicas(vec![]);
+    f.finished(2);
+    assert_eq!(f.replicas().count(), 0);
+}
