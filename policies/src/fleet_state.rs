@@ -254,12 +254,45 @@ struct Sent {
     prefill_tokens: u64,
 }
 
+/// Replicas by slot: slots are small and dense (the gateway hands them out from 0).
+#[derive(Debug, Clone, Default)]
+struct Slots(Vec<Option<ReplicaState>>);
+
+impl Slots {
+    fn get(&self, id: ReplicaId) -> Option<&ReplicaState> {
+        self.0.get(id.0 as usize)?.as_ref()
+    }
+
+    fn get_mut(&mut self, id: ReplicaId) -> Option<&mut ReplicaState> {
+        self.0.get_mut(id.0 as usize)?.as_mut()
+    }
+
+    fn take(&mut self, id: ReplicaId) -> Option<ReplicaState> {
+        self.0.get_mut(id.0 as usize)?.take()
+    }
+
+    fn put(&mut self, id: ReplicaId, state: ReplicaState) {
+        let i = id.0 as usize;
+        if self.0.len() <= i {
+            self.0.resize_with(i + 1, || None);
+        }
+        self.0[i] = Some(state);
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (ReplicaId, &ReplicaState)> {
+        self.0
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| Some((ReplicaId(i as u32), r.as_ref()?)))
+    }
+}
+
 /// The fleet and the policy's learnt state; see the module documentation.
 #[derive(Debug, Clone)]
 pub struct FleetState {
     policy: Policy,
     ages: Option<ReportAges>,
-    replicas: BTreeMap<ReplicaId, ReplicaState>,
+    replicas: Slots,
     requests: HashMap<RequestId, Sent>,
 }
 
@@ -268,7 +301,7 @@ impl FleetState {
         FleetState {
             policy: Policy::new(config),
             ages,
-            replicas: BTreeMap::new(),
+            replicas: Slots::default(),
             requests: HashMap::new(),
         }
     }
@@ -291,9 +324,9 @@ impl FleetState {
     /// one whose spec changed starts over (its requests in flight still count), and slots no
     /// longer listed lose everything learnt about them.
     pub fn set_replicas(&mut self, replicas: Vec<(ReplicaId, ReplicaSpec)>) {
-        let mut next = BTreeMap::new();
+        let mut next = Slots::default();
         for (id, spec) in replicas {
-            let state = match self.replicas.remove(&id) {
+            let state = match self.replicas.take(id) {
                 Some(old) if old.spec == spec => old,
                 Some(old) if old.spec.name == spec.name => ReplicaState {
                     in_flight: old.in_flight,
@@ -302,30 +335,30 @@ impl FleetState {
                 },
                 _ => ReplicaState::new(spec),
             };
-            next.insert(id, state);
+            next.put(id, state);
         }
         self.replicas = next;
         let members: Vec<(ReplicaId, &str)> = self
             .replicas
             .iter()
-            .map(|(id, r)| (*id, r.spec.name.as_str()))
+            .map(|(id, r)| (id, r.spec.name.as_str()))
             .collect();
         self.policy.set_members(&members);
     }
 
     pub fn replica(&self, id: ReplicaId) -> Option<&ReplicaState> {
-        self.replicas.get(&id)
+        self.replicas.get(id)
     }
 
     pub fn replicas(&self) -> impl Iterator<Item = (ReplicaId, &ReplicaState)> {
-        self.replicas.iter().map(|(id, r)| (*id, r))
+        self.replicas.iter()
     }
 
     /// A request to the replica succeeded: its failure count and ejection back-off start
     /// over. Only a request can say so: a replica may answer its health checks and fail every
     /// request.
     pub fn succeeded(&mut self, id: ReplicaId) {
-        if let Some(r) = self.replicas.get_mut(&id) {
+        if let Some(r) = self.replicas.get_mut(id) {
             r.consecutive_failures = 0;
             r.ejections = 0;
         }
@@ -335,7 +368,7 @@ impl FleetState {
     /// `ejection.after_failures` in a row it is ejected, for a back-off that doubles with each
     /// ejection until a request succeeds.
     pub fn failed(&mut self, id: ReplicaId, now_ms: u64, ejection: Ejection) -> FailureOutcome {
-        let Some(r) = self.replicas.get_mut(&id) else {
+        let Some(r) = self.replicas.get_mut(id) else {
             return FailureOutcome::Counted;
         };
         r.consecutive_failures += 1;
@@ -363,13 +396,13 @@ impl FleetState {
         ejection: Ejection,
     ) -> FailureOutcome {
         if passed {
-            if let Some(r) = self.replicas.get_mut(&id) {
+            if let Some(r) = self.replicas.get_mut(id) {
                 r.healthy = true;
             }
             return FailureOutcome::Counted;
         }
         let outcome = self.failed(id, now_ms, ejection);
-        if let Some(r) = self.replicas.get_mut(&id) {
+        if let Some(r) = self.replicas.get_mut(id) {
             r.healthy = false;
         }
         outcome
@@ -377,7 +410,7 @@ impl FleetState {
 
     /// The models a replica listed at `/v1/models` (or its agent reported).
     pub fn set_discovered_models(&mut self, id: ReplicaId, models: Vec<String>) {
-        if let Some(r) = self.replicas.get_mut(&id) {
+        if let Some(r) = self.replicas.get_mut(id) {
             r.discovered_models = Some(models);
         }
     }
@@ -390,7 +423,7 @@ impl FleetState {
         report: &TelemetryReport,
         now_ms: u64,
     ) -> Option<ReportOutcome> {
-        let r = self.replicas.get_mut(&id)?;
+        let r = self.replicas.get_mut(id)?;
         if r.spec.models.is_empty() && !report.load.models.is_empty() {
             r.discovered_models = Some(report.load.models.clone());
         }
@@ -429,40 +462,39 @@ impl FleetState {
     /// an adapter). A model may name a LoRA adapter: replicas where it is resident serve it,
     /// and so may any replica with adapter slots (it loads the adapter, evicting another if
     /// full), which also covers an adapter resident nowhere yet. Otherwise the replicas that
-    /// list the model serve it, else those whose models are not known yet.
-    fn candidates(&self, ask: &Ask<'_>) -> Result<Vec<(ReplicaId, &ReplicaState, f64)>, NoRoute> {
+    /// list the model serve it, else those whose models are not known yet. Two passes over
+    /// the fleet, nothing gathered in between: this runs on every decision.
+    fn candidates<'s>(
+        &'s self,
+        ask: &'s Ask<'_>,
+    ) -> Result<impl Iterator<Item = (ReplicaId, &'s ReplicaState, f64)> + 's, NoRoute> {
         let in_pool = |r: &ReplicaState| {
             ask.pool
                 .iter()
                 .all(|(k, v)| r.spec.labels.get(k) == Some(v))
         };
-        let all: Vec<(ReplicaId, &ReplicaState, ModelMatch, Option<AdapterStatus>)> = self
-            .replicas
-            .iter()
-            .filter(|(_, r)| in_pool(r))
-            .map(|(id, r)| (*id, r, r.model_match(ask.model), r.adapter(ask.model)))
-            .collect();
-        let listed = all.iter().any(|(_, _, m, _)| *m == ModelMatch::Yes);
-        let names_adapter = all.iter().any(|(_, _, _, a)| a.is_some_and(|a| a.resident))
-            || (!listed && all.iter().any(|(_, _, _, a)| AdapterStatus::capable(*a)));
-        let keep = |m: ModelMatch, a: Option<AdapterStatus>| {
-            if names_adapter {
+        let pool = move || self.replicas.iter().filter(move |(_, r)| in_pool(r));
+        let (mut listed, mut resident, mut capable) = (false, false, false);
+        for (_, r) in pool() {
+            listed |= r.model_match(ask.model) == ModelMatch::Yes;
+            let a = r.adapter(ask.model);
+            resident |= a.is_some_and(|a| a.resident);
+            capable |= AdapterStatus::capable(a);
+        }
+        let names_adapter = resident || (!listed && capable);
+        let serves = move |r: &ReplicaState| -> Option<f64> {
+            let m = r.model_match(ask.model);
+            let a = r.adapter(ask.model);
+            let keep = if names_adapter {
                 m == ModelMatch::Yes || AdapterStatus::capable(a)
             } else if listed {
                 m == ModelMatch::Yes
             } else {
                 m == ModelMatch::Unknown
-            }
+            };
+            keep.then(|| a.filter(|_| names_adapter).map_or(0.0, AdapterStatus::fit))
         };
-        let serving: Vec<_> = all
-            .into_iter()
-            .filter(|(_, _, m, a)| keep(*m, *a))
-            .map(|(id, r, _, a)| {
-                let fit = a.filter(|_| names_adapter).map_or(0.0, AdapterStatus::fit);
-                (id, r, fit)
-            })
-            .collect();
-        if serving.is_empty() {
+        if !pool().any(|(_, r)| serves(r).is_some()) {
             let model = ask.model.to_string();
             return Err(if ask.pool.is_empty() {
                 NoRoute::UnknownModel { model }
@@ -473,7 +505,7 @@ impl FleetState {
                 }
             });
         }
-        Ok(serving)
+        Ok(pool().filter_map(move |(id, r)| serves(r).map(|fit| (id, r, fit))))
     }
 
     /// Whether some replica that may serve `ask` has room: routable, below its in-flight cap,
@@ -484,7 +516,8 @@ impl FleetState {
             return true;
         };
         let c = self.policy.config();
-        serving.iter().any(|(_, r, _)| {
+        let mut serving = serving;
+        serving.any(|(_, r, _)| {
             r.is_routable(self.ages, now_ms)
                 && r.spec.max_in_flight.is_none_or(|cap| r.in_flight < cap)
                 && r.reported_kv_usage().is_none_or(|u| u < c.kv_saturation)
@@ -497,8 +530,7 @@ impl FleetState {
     pub fn rank(&self, ask: &Ask<'_>, now_ms: u64, top: usize) -> Result<Decision, NoRoute> {
         let serving = self.candidates(ask)?;
         let views: Vec<ReplicaView> = serving
-            .iter()
-            .map(|&(id, r, adapter_fit)| ReplicaView {
+            .map(|(id, r, adapter_fit)| ReplicaView {
                 id,
                 healthy: r.is_routable(self.ages, now_ms),
                 in_flight: r.in_flight,
@@ -540,7 +572,7 @@ impl FleetState {
     /// token, its prefix and session learnt.
     pub fn send(&mut self, request: RequestId, choice: &Candidate, features: &RequestFeatures) {
         self.finished(request);
-        let Some(r) = self.replicas.get_mut(&choice.replica) else {
+        let Some(r) = self.replicas.get_mut(choice.replica) else {
             return;
         };
         r.in_flight += 1;
@@ -562,7 +594,7 @@ impl FleetState {
             return;
         };
         let tokens = std::mem::take(&mut sent.prefill_tokens);
-        if let Some(r) = self.replicas.get_mut(&sent.replica) {
+        if let Some(r) = self.replicas.get_mut(sent.replica) {
             r.prefill_backlog = r.prefill_backlog.saturating_sub(tokens);
         }
     }
@@ -572,7 +604,7 @@ impl FleetState {
         let Some(sent) = self.requests.remove(&request) else {
             return;
         };
-        if let Some(r) = self.replicas.get_mut(&sent.replica) {
+        if let Some(r) = self.replicas.get_mut(sent.replica) {
             r.prefill_backlog = r.prefill_backlog.saturating_sub(sent.prefill_tokens);
             r.in_flight = r.in_flight.saturating_sub(1);
         }
