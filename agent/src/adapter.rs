@@ -3,6 +3,7 @@
 //! Parsing is pure (tested on recorded texts); fetching is the agent's.
 
 pub use kvgate_protocol::telemetry::EngineLoad;
+use kvgate_protocol::worker_stats::WorkerStats;
 use std::collections::BTreeMap;
 
 pub trait EngineAdapter: Send + Sync {
@@ -73,34 +74,21 @@ impl EngineAdapter for Kvgate {
     }
 
     fn parse(&self, bodies: &[Option<String>]) -> Result<EngineLoad, String> {
-        let v = json(body(bodies, 0, "/stats")?, "/stats")?;
-        let e = &v["engine"];
-        let n = |key: &str| e[key].as_u64().ok_or(format!("/stats: no `engine.{key}`"));
-        let total = n("kv_blocks_total")?;
-        let adapters: Vec<String> = v["adapters"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|s| s.as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let slots_free = (v["max_loras"].as_u64().unwrap_or(0) > 0)
-            .then(|| v["adapter_slots_free"].as_u64().unwrap_or(0) as u32);
+        let v: WorkerStats =
+            serde_json::from_str(body(bodies, 0, "/stats")?).map_err(|e| format!("/stats: {e}"))?;
+        let e = &v.engine;
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         Ok(EngineLoad {
-            models: v["model"]
-                .as_str()
-                .map(str::to_string)
-                .into_iter()
-                .chain(adapters.iter().cloned())
+            models: std::iter::once(v.model)
+                .chain(v.adapters.iter().cloned())
                 .collect(),
-            adapters,
-            adapter_slots_free: slots_free,
-            running: n("running")? as u32,
-            waiting: n("waiting")? as u32,
-            kv_blocks_total: total,
-            kv_blocks_used: total.saturating_sub(n("kv_blocks_free")?),
-            block_size: n("block_size")? as u32,
+            adapter_slots_free: (v.max_loras > 0).then(|| count(v.adapter_slots_free)),
+            adapters: v.adapters,
+            running: count(e.running),
+            waiting: count(e.waiting),
+            kv_blocks_total: e.kv_blocks_total as u64,
+            kv_blocks_used: e.kv_blocks_total.saturating_sub(e.kv_blocks_free) as u64,
+            block_size: count(e.block_size),
         })
     }
 }

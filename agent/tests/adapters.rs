@@ -80,14 +80,35 @@ fn llamacpp_slots_and_metrics_recorded_from_llama_server() {
 
 #[test]
 fn kvgate_stats_and_missing_bodies() {
-    let stats = r#"{"model":"m","engine":{"running":2,"waiting":1,"kv_blocks_total":100,"kv_blocks_free":60,"block_size":16}}"#;
-    let s = parse("kvgate", &[Some(stats.into())]);
-    assert_eq!(
-        (s.running, s.waiting, s.kv_blocks_used, s.models.len()),
-        (2, 1, 40, 1)
-    );
+    use kvgate_protocol::worker_stats::{EngineStats, WorkerStats};
+    let stats = WorkerStats {
+        model: "m".into(),
+        adapters: vec!["sql".into()],
+        adapter_slots_free: 1,
+        max_loras: 2,
+        engine: EngineStats {
+            running: 2,
+            waiting: 1,
+            kv_blocks_total: 100,
+            kv_blocks_free: 60,
+            block_size: 16,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let s = parse("kvgate", &[Some(serde_json::to_string(&stats).unwrap())]);
+    assert_eq!((s.running, s.waiting, s.kv_blocks_used), (2, 1, 40));
+    assert_eq!(s.models, vec!["m", "sql"]);
+    assert_eq!(s.adapter_slots_free, Some(1));
     let err = for_engine("kvgate").unwrap().parse(&[None]).unwrap_err();
     assert!(err.contains("/stats"), "{err}");
+    // A body that is not the worker's contract says what is missing.
+    let old = r#"{"model":"m","engine":{"running":2}}"#;
+    let err = for_engine("kvgate")
+        .unwrap()
+        .parse(&[Some(old.into())])
+        .unwrap_err();
+    assert!(err.contains("missing field"), "{err}");
 }
 
 /// The llama.cpp adapter against a live llama-server, where `bench/peers/install-llama` has

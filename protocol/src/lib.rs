@@ -8,6 +8,7 @@ pub mod kv_events;
 pub mod openai;
 pub mod sse;
 pub mod telemetry;
+pub mod worker_stats;
 
 pub use error::{ApiError, ErrorBody, ErrorKind};
 pub use hash::{block_hashes, extend_block_hashes, text_chunk_hashes, HashKeyMap, HashSeed};

@@ -72,20 +72,7 @@ pub struct StepOutput {
 }
 
 /// Counters for `/stats` and `/metrics`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct EngineStats {
-    pub running: usize,
-    pub waiting: usize,
-    pub kv_blocks_total: usize,
-    pub kv_blocks_free: usize,
-    pub kv_blocks_cached: usize,
-    pub block_size: usize,
-    pub preemptions: u64,
-    pub prompt_tokens: u64,
-    pub cached_prompt_tokens: u64,
-    pub generated_tokens: u64,
-    pub steps: u64,
-}
+pub use kvgate_protocol::worker_stats::EngineStats;
 
 pub struct Engine<B: Backend> {
     config: EngineConfig,

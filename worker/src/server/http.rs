@@ -12,6 +12,7 @@ use http_body::Frame;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use kvgate_protocol::openai::{Endpoint, ModelList, Usage};
+use kvgate_protocol::worker_stats::WorkerStats;
 use kvgate_protocol::{ApiError, ErrorKind};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, PoisonError};
@@ -261,15 +262,15 @@ fn stats(ctx: &Context) -> Reply {
         .last_seq();
     json(
         200,
-        &serde_json::json!({
-            "model": ctx.served_name,
-            "adapters": adapters.resident(),
-            "adapter_slots_free": adapters.slots_free(),
-            "max_loras": adapters.max_loras(),
-            "max_model_len": ctx.max_model_len,
-            "engine": stats,
-            "kv_events_seq": last_seq,
-        }),
+        &WorkerStats {
+            model: ctx.served_name.clone(),
+            adapters: adapters.resident().to_vec(),
+            adapter_slots_free: adapters.slots_free(),
+            max_loras: adapters.max_loras(),
+            max_model_len: ctx.max_model_len,
+            engine: stats,
+            kv_events_seq: last_seq,
+        },
     )
 }
 

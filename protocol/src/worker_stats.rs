@@ -1,0 +1,38 @@
+//! The kvgate worker's `GET /stats`: written by the worker, read by its agent (and by tests
+//! and operators). One type on both sides, so a field renamed on one is a compile error on the
+//! other rather than a report with zeros.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerStats {
+    /// The served model name.
+    pub model: String,
+    /// LoRA adapters resident now.
+    pub adapters: Vec<String>,
+    /// Adapter slots free (0 when the worker serves no adapters).
+    pub adapter_slots_free: usize,
+    /// Adapter slots in all (`--max-loras`; 0: no adapters).
+    pub max_loras: usize,
+    pub max_model_len: usize,
+    pub engine: EngineStats,
+    /// The sequence number of the last KV-event batch (0 before the first).
+    pub kv_events_seq: u64,
+}
+
+/// The engine's counters, as of its last step.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineStats {
+    pub running: usize,
+    pub waiting: usize,
+    pub kv_blocks_total: usize,
+    pub kv_blocks_free: usize,
+    /// Free blocks still holding a cached prefix (reusable until evicted).
+    pub kv_blocks_cached: usize,
+    pub block_size: usize,
+    pub preemptions: u64,
+    pub prompt_tokens: u64,
+    pub cached_prompt_tokens: u64,
+    pub generated_tokens: u64,
+    pub steps: u64,
+}
