@@ -6,6 +6,7 @@ pub mod error;
 pub mod hash;
 pub mod kv_events;
 pub mod openai;
+pub mod responses;
 pub mod sse;
 pub mod telemetry;
 pub mod worker_stats;

@@ -3,17 +3,16 @@
 
 pub use kvgate_protocol::openai::Endpoint;
 use kvgate_protocol::openai::{
-    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
-    ChatDelta, ChatMessage, CompletionChoice, CompletionResponse, GenerationRequest, Prompt, Usage,
+    AssistantMessage, ChatChoice, ChatDelta, ChatMessage, CompletionChoice, GenerationRequest,
+    Prompt, Usage,
 };
+use kvgate_protocol::responses::Responder;
 use kvgate_protocol::ApiError;
 
 /// One request's planned output.
 #[derive(Debug, Clone)]
 pub struct Job {
-    pub endpoint: Endpoint,
-    pub id: String,
-    pub model: String,
+    pub responder: Responder,
     pub tokens: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
@@ -36,9 +35,7 @@ pub fn plan(endpoint: Endpoint, body: &[u8], id: String) -> Result<Job, ApiError
     }
     Ok(Job {
         include_usage: request.include_usage(),
-        endpoint,
-        id,
-        model: request.model,
+        responder: Responder::new(endpoint, id, request.model),
         tokens,
         stream: request.stream,
         prompt_tokens: whole.split_whitespace().count() as u32,
@@ -86,88 +83,55 @@ impl Job {
 
     /// A streamed chunk: a token, or (with `finish`) the closing chunk.
     pub fn chunk(&self, token: Option<&str>, finish: Option<&str>) -> String {
-        let json = match self.endpoint {
-            Endpoint::Chat => serde_json::to_string(&ChatCompletionChunk {
-                id: self.id.clone(),
-                object: "chat.completion.chunk".into(),
-                created: 0,
-                model: self.model.clone(),
-                choices: vec![ChatChunkChoice {
-                    index: 0,
-                    delta: ChatDelta {
-                        role: token.map(|_| "assistant".into()),
-                        content: token.map(str::to_string),
-                    },
-                    logprobs: None,
-                    finish_reason: finish.map(str::to_string),
-                }],
-                usage: None,
+        match self.responder.endpoint {
+            Endpoint::Chat => {
+                let delta = ChatDelta {
+                    role: token.map(|_| "assistant".into()),
+                    content: token.map(str::to_string),
+                };
+                self.responder.chat_chunk(0, delta, None, finish)
+            }
+            Endpoint::Completions => self.responder.completion_chunk(CompletionChoice {
+                index: 0,
+                text: token.unwrap_or_default().to_string(),
+                logprobs: None,
+                finish_reason: finish.map(str::to_string),
             }),
-            Endpoint::Completions => serde_json::to_string(&CompletionResponse {
-                id: self.id.clone(),
-                object: "text_completion".into(),
-                created: 0,
-                model: self.model.clone(),
-                choices: vec![CompletionChoice {
-                    index: 0,
-                    text: token.unwrap_or_default().to_string(),
-                    logprobs: None,
-                    finish_reason: finish.map(str::to_string),
-                }],
-                usage: None,
-            }),
-        };
-        kvgate_protocol::openai::sse_event(&json.unwrap_or_default())
+        }
     }
 
     /// The usage chunk sent last when `stream_options.include_usage` is set.
     pub fn usage_chunk(&self) -> String {
-        let object = match self.endpoint {
-            Endpoint::Chat => "chat.completion.chunk",
-            Endpoint::Completions => "text_completion",
-        };
-        let v = serde_json::json!({
-            "id": self.id, "object": object, "created": 0, "model": self.model,
-            "choices": [], "usage": self.usage(),
-        });
-        kvgate_protocol::openai::sse_event(&v.to_string())
+        self.responder.usage_chunk(self.usage())
     }
 
     /// The whole non-streamed response.
     pub fn response(&self) -> Vec<u8> {
         let text = self.tokens.concat();
-        let result = match self.endpoint {
-            Endpoint::Chat => serde_json::to_vec(&ChatCompletionResponse {
-                id: self.id.clone(),
-                object: "chat.completion".into(),
-                created: 0,
-                model: self.model.clone(),
-                choices: vec![ChatChoice {
+        let finish_reason = Some(self.finish_reason.into());
+        match self.responder.endpoint {
+            Endpoint::Chat => self.responder.chat_response(
+                vec![ChatChoice {
                     index: 0,
                     message: AssistantMessage {
                         role: "assistant".into(),
                         content: text,
                     },
                     logprobs: None,
-                    finish_reason: Some(self.finish_reason.into()),
+                    finish_reason,
                 }],
-                usage: self.usage(),
-            }),
-            Endpoint::Completions => serde_json::to_vec(&CompletionResponse {
-                id: self.id.clone(),
-                object: "text_completion".into(),
-                created: 0,
-                model: self.model.clone(),
-                choices: vec![CompletionChoice {
+                self.usage(),
+            ),
+            Endpoint::Completions => self.responder.completion_response(
+                vec![CompletionChoice {
                     index: 0,
                     text,
                     logprobs: None,
-                    finish_reason: Some(self.finish_reason.into()),
+                    finish_reason,
                 }],
-                usage: Some(self.usage()),
-            }),
-        };
-        result.unwrap_or_default()
+                self.usage(),
+            ),
+        }
     }
 }
 

@@ -7,11 +7,10 @@ use crate::engine::TokenOutput;
 use crate::model::ModelFile;
 use crate::request::{FinishReason, SamplingParams};
 use kvgate_protocol::openai::{
-    sse_event, AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
-    ChatCompletionResponse, ChatDelta, ChatLogprobs, ChatTokenLogprob, CompletionChoice,
-    CompletionLogprobs, CompletionResponse, Endpoint, GenerationRequest, MessageContent,
-    TopLogprob, Usage, SSE_DONE,
+    AssistantMessage, ChatChoice, ChatDelta, ChatLogprobs, ChatTokenLogprob, CompletionChoice,
+    CompletionLogprobs, Endpoint, GenerationRequest, MessageContent, TopLogprob, Usage, SSE_DONE,
 };
+use kvgate_protocol::responses::Responder;
 use kvgate_protocol::{ApiError, ErrorKind};
 use std::time::Instant;
 
@@ -178,11 +177,10 @@ pub enum Piece {
 
 /// Tracks one choice's output: text, timing metrics, usage.
 pub struct Generation {
-    pub id: String,
+    /// The response this choice is part of.
+    responder: Responder,
     /// The choice's index among the request's.
     pub index: u32,
-    pub endpoint: Endpoint,
-    pub model: String,
     pub include_usage: bool,
     text: TextStream,
     /// Log-probabilities of tokens not yet sent (all of them, until a non-streamed response).
@@ -195,12 +193,10 @@ pub struct Generation {
 }
 
 impl Generation {
-    pub fn new(id: String, index: u32, prepared: &Prepared) -> Generation {
+    pub fn new(responder: Responder, index: u32, prepared: &Prepared) -> Generation {
         Generation {
-            id,
+            responder,
             index,
-            endpoint: prepared.endpoint,
-            model: prepared.model.clone(),
             include_usage: prepared.include_usage,
             text: TextStream::new(prepared.stops.clone()),
             logprobs: Vec::new(),
@@ -267,23 +263,22 @@ impl Generation {
 
     /// One streamed chunk of text.
     pub fn text_event(&mut self, text: String) -> String {
-        let json = match self.endpoint {
+        match self.responder.endpoint {
             Endpoint::Chat => {
                 let role = (!self.sent_role).then(|| "assistant".to_string());
                 self.sent_role = true;
                 let logprobs = self.take_chat_logprobs();
-                serde_json::to_string(&self.chat_chunk(
-                    ChatDelta {
-                        role,
-                        content: Some(text),
-                    },
-                    logprobs,
-                    None,
-                ))
+                let delta = ChatDelta {
+                    role,
+                    content: Some(text),
+                };
+                self.responder.chat_chunk(self.index, delta, logprobs, None)
             }
-            Endpoint::Completions => serde_json::to_string(&self.completion(text, None, None)),
-        };
-        sse_event(&json.unwrap_or_default())
+            Endpoint::Completions => {
+                let choice = self.completion_choice(text, None);
+                self.responder.completion_chunk(choice)
+            }
+        }
     }
 
     /// Log-probabilities of the tokens since the last chunk, in the chat layout.
@@ -319,72 +314,28 @@ impl Generation {
 
     /// The choice's last chunk, with its finish reason.
     pub fn finish_event(&mut self, reason: &str) -> String {
-        let finish = match self.endpoint {
+        match self.responder.endpoint {
             Endpoint::Chat => {
                 let logprobs = self.take_chat_logprobs();
-                serde_json::to_string(&self.chat_chunk(
-                    ChatDelta::default(),
-                    logprobs,
-                    Some(reason),
-                ))
+                let delta = ChatDelta::default();
+                self.responder
+                    .chat_chunk(self.index, delta, logprobs, Some(reason))
             }
             Endpoint::Completions => {
-                serde_json::to_string(&self.completion(String::new(), Some(reason), None))
+                let choice = self.completion_choice(String::new(), Some(reason));
+                self.responder.completion_chunk(choice)
             }
-        };
-        sse_event(&finish.unwrap_or_default())
+        }
     }
 
     /// What ends the stream once every choice has finished: the usage chunk if asked, `[DONE]`.
-    pub fn closing_events(&self, usage: &Usage) -> String {
+    pub fn closing_events(&self, usage: Usage) -> String {
         let mut out = String::new();
         if self.include_usage {
-            let object = match self.endpoint {
-                Endpoint::Chat => "chat.completion.chunk",
-                Endpoint::Completions => "text_completion",
-            };
-            let v = serde_json::json!({ "id": self.id, "object": object, "created": created(), "model": self.model, "choices": [], "usage": usage });
-            out.push_str(&sse_event(&v.to_string()));
+            out.push_str(&self.responder.usage_chunk(usage));
         }
         out.push_str(SSE_DONE);
         out
-    }
-
-    fn chat_chunk(
-        &self,
-        delta: ChatDelta,
-        logprobs: Option<ChatLogprobs>,
-        finish: Option<&str>,
-    ) -> ChatCompletionChunk {
-        ChatCompletionChunk {
-            id: self.id.clone(),
-            object: "chat.completion.chunk".into(),
-            created: created(),
-            model: self.model.clone(),
-            choices: vec![ChatChunkChoice {
-                index: self.index,
-                delta,
-                logprobs,
-                finish_reason: finish.map(str::to_string),
-            }],
-            usage: None,
-        }
-    }
-
-    fn completion(
-        &mut self,
-        text: String,
-        finish: Option<&str>,
-        usage: Option<Usage>,
-    ) -> CompletionResponse {
-        CompletionResponse {
-            id: self.id.clone(),
-            object: "text_completion".into(),
-            created: created(),
-            model: self.model.clone(),
-            choices: vec![self.completion_choice(text, finish)],
-            usage,
-        }
     }
 
     fn completion_choice(&mut self, text: String, finish: Option<&str>) -> CompletionChoice {
@@ -417,38 +368,22 @@ pub struct Finished {
 
 /// The whole non-streamed response: every choice, in index order, and the request's usage.
 pub fn response(generations: &mut [Generation], finished: Vec<Finished>, usage: Usage) -> Vec<u8> {
-    let Some(first) = generations.first() else {
+    let Some(responder) = generations.first().map(|g| g.responder.clone()) else {
         return Vec::new();
     };
-    let (id, model, endpoint) = (first.id.clone(), first.model.clone(), first.endpoint);
     let choices = generations.iter_mut().zip(finished);
-    let result = match endpoint {
-        Endpoint::Chat => serde_json::to_vec(&ChatCompletionResponse {
-            id,
-            object: "chat.completion".into(),
-            created: created(),
-            model,
-            choices: choices
+    match responder.endpoint {
+        Endpoint::Chat => responder.chat_response(
+            choices
                 .map(|(g, f)| g.chat_choice(f.text, f.reason))
                 .collect(),
             usage,
-        }),
-        Endpoint::Completions => serde_json::to_vec(&CompletionResponse {
-            id,
-            object: "text_completion".into(),
-            created: created(),
-            model,
-            choices: choices
+        ),
+        Endpoint::Completions => responder.completion_response(
+            choices
                 .map(|(g, f)| g.completion_choice(f.text, Some(f.reason)))
                 .collect(),
-            usage: Some(usage),
-        }),
-    };
-    result.unwrap_or_default()
-}
-
-fn created() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+            usage,
+        ),
+    }
 }

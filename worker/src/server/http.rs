@@ -12,6 +12,7 @@ use http_body::Frame;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use kvgate_protocol::openai::{Endpoint, ModelList, Usage};
+use kvgate_protocol::responses::Responder;
 use kvgate_protocol::worker_stats::WorkerStats;
 use kvgate_protocol::{ApiError, ErrorKind};
 use std::sync::atomic::AtomicU64;
@@ -155,8 +156,9 @@ async fn generate(ctx: Arc<Context>, req: Request<Incoming>, endpoint: Endpoint)
         "cmpl"
     };
     let id = format!("{prefix}-{}", choices.first_id());
+    let responder = Responder::new(prepared.endpoint, id, prepared.model.clone());
     let generations: Vec<Generation> = (0..choices.len() as u32)
-        .map(|index| Generation::new(id.clone(), index, &prepared))
+        .map(|index| Generation::new(responder.clone(), index, &prepared))
         .collect();
     if prepared.stream {
         stream(ctx, choices, generations)
@@ -217,7 +219,7 @@ fn stream(ctx: Arc<Context>, mut choices: Choices, mut generations: Vec<Generati
                 }
             }
             if choices.all_closed() {
-                let _ = send(generations[0].closing_events(&usage.unwrap_or_default())).await;
+                let _ = send(generations[0].closing_events(usage.unwrap_or_default())).await;
                 return;
             }
         }
