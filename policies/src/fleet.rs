@@ -54,3 +54,30 @@ pub struct RequestFeatures {
     /// Weights for this request (its SLA class's); the policy's own when `None`.
     pub weights: Option<crate::Weights>,
 }
+
+impl RequestFeatures {
+    /// Token-mode features of prompt `ids`: its block hashes (as the workers compute them) and
+    /// the ring key from its first `ring_key_blocks` blocks (the whole prompt when it is
+    /// shorter than one block). The gateway and the simulator both build them here.
+    pub fn from_tokens(
+        ids: &[u32],
+        seed: kvgate_protocol::HashSeed,
+        block_size: usize,
+        ring_key_blocks: usize,
+    ) -> Self {
+        let hashes = kvgate_protocol::block_hashes(seed, ids, block_size);
+        let ring_key = match hashes.len() {
+            0 => {
+                let bytes: Vec<u8> = ids.iter().flat_map(|t| t.to_le_bytes()).collect();
+                xxhash_rust::xxh3::xxh3_64_with_seed(&bytes, seed.0)
+            }
+            n => hashes[n.min(ring_key_blocks.max(1)) - 1],
+        };
+        RequestFeatures {
+            prompt_tokens: ids.len() as u64,
+            block_hashes: hashes,
+            ring_key,
+            ..RequestFeatures::default()
+        }
+    }
+}

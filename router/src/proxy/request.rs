@@ -3,7 +3,7 @@
 use crate::tokenizers::{TokenMode, TokenModes};
 use kvgate_policies::{PolicyConfig, RequestFeatures};
 use kvgate_protocol::openai::{Endpoint, GenerationRequest, Prompt};
-use kvgate_protocol::{block_hashes, text_chunk_hashes, ApiError, HashSeed};
+use kvgate_protocol::{text_chunk_hashes, ApiError, HashSeed};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 #[derive(Debug, Clone)]
@@ -68,20 +68,12 @@ fn token_features(
     let (ids, _) = mode
         .prompt
         .prompt_ids(endpoint, request, mode.context_length)?;
-    let hashes = block_hashes(mode.seed, &ids, mode.config.block_size);
-    let ring_key = match hashes.len() {
-        0 => {
-            let bytes: Vec<u8> = ids.iter().flat_map(|t| t.to_le_bytes()).collect();
-            xxh3_64_with_seed(&bytes, mode.seed.0)
-        }
-        n => hashes[n.min(policy.ring_key_chunks.max(1)) - 1],
-    };
-    Ok(RequestFeatures {
-        prompt_tokens: ids.len() as u64,
-        block_hashes: hashes,
-        ring_key,
-        ..RequestFeatures::default()
-    })
+    Ok(RequestFeatures::from_tokens(
+        &ids,
+        mode.seed,
+        mode.config.block_size,
+        policy.ring_key_chunks,
+    ))
 }
 
 /// The text hashed in text mode: chat messages' roles and contents, or the prompt.
