@@ -13,9 +13,8 @@ pub struct BenchArgs {
     /// Default: the first model of the server's `/v1/models`.
     #[arg(long)]
     model: Option<String>,
-    /// random | shared-prefix | multi-turn | mooncake:FILE | azure:FILE
-    #[arg(long)]
-    workload: String,
+    #[command(flatten)]
+    workload: WorkloadArgs,
     /// Jobs in flight at once (closed loop).
     #[arg(long, conflicts_with = "rate")]
     concurrency: Option<usize>,
@@ -57,7 +56,14 @@ pub struct BenchArgs {
     /// No progress line.
     #[arg(long)]
     quiet: bool,
-    // Workload shapes.
+}
+
+/// A workload and its shape, as `kvgate bench` and `kvgate sim` take them.
+#[derive(Args)]
+pub struct WorkloadArgs {
+    /// random | shared-prefix | multi-turn | mooncake:FILE | azure:FILE
+    #[arg(long)]
+    workload: String,
     /// random: mean prompt tokens, and the log-normal shape.
     #[arg(long, default_value_t = 512.0)]
     input_mean: f64,
@@ -90,9 +96,9 @@ pub struct BenchArgs {
     block_tokens: usize,
 }
 
-impl BenchArgs {
-    pub fn into_config(self) -> Result<BenchConfig, String> {
-        let workload = match self.workload.split_once(':') {
+impl WorkloadArgs {
+    pub fn workload(&self) -> Result<Workload, String> {
+        Ok(match self.workload.split_once(':') {
             None if self.workload == "random" => Workload::Random {
                 input_mean: self.input_mean,
                 input_sigma: self.input_sigma,
@@ -125,7 +131,13 @@ impl BenchArgs {
                     self.workload
                 ))
             }
-        };
+        })
+    }
+}
+
+impl BenchArgs {
+    pub fn into_config(self) -> Result<BenchConfig, String> {
+        let workload = self.workload.workload()?;
         let load = match (self.concurrency, self.rate) {
             (Some(n), _) => Load::Concurrency(n),
             (None, Some(r)) => Load::Rate(r),

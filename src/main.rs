@@ -2,6 +2,7 @@
 
 mod bench_cli;
 mod keys;
+mod sim_cli;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -28,6 +29,9 @@ struct Cli {
 enum Command {
     /// Load-test an OpenAI-compatible server (a gateway or an engine) with token-level metrics.
     Bench(bench_cli::BenchArgs),
+    /// Simulate a fleet in virtual time (real engines on the sim backend, real gateway
+    /// policy) and compare routing policies on the same arrivals.
+    Sim(sim_cli::SimArgs),
     /// Run the gateway (SIGHUP reloads the config; SIGINT stops at once, SIGTERM gracefully).
     Gateway {
         #[arg(long)]
@@ -241,6 +245,7 @@ fn run(command: Command) -> Result<(), String> {
             println!("results in {}", out.display());
             Ok(())
         }
+        Command::Sim(args) => sim_cli::run(args),
         Command::HashKey { generate } => keys::hash_key(generate),
         Command::Gateway {
             config,

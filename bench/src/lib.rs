@@ -14,9 +14,10 @@ mod text;
 mod traces;
 mod workload;
 
-pub use record::{RequestRecord, Slo, Stats, Summary};
+pub use record::{summarize, RequestRecord, Slo, Stats, Summary};
+pub use report::write as write_results;
 pub use run::Load;
-pub use workload::Workload;
+pub use workload::{Job, Turn, Workload};
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -1,0 +1,555 @@
+//! The event loop: arrivals, engine steps, agents' reports and their delivery, in virtual
+//! microseconds.
+
+use crate::routers::Router;
+use crate::tokens;
+use kvgate_bench::{Job, RequestRecord};
+use kvgate_policies::{Ask, FleetState, ReplicaId, ReplicaSpec, ReportAges, RequestFeatures};
+use kvgate_protocol::kv_events::{KvEventBatch, KvSnapshot, KV_EVENTS_VERSION};
+use kvgate_protocol::telemetry::{EngineLoad, KvUpdate, TelemetryReport, TELEMETRY_VERSION};
+use kvgate_protocol::HashSeed;
+use kvgate_worker::backend::profile::Profile;
+use kvgate_worker::backend::sim::SimBackend;
+use kvgate_worker::{Engine, EngineConfig, NewRequest, SamplingParams, StepOutput};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    pub replicas: usize,
+    pub gateways: usize,
+    pub profile: Profile,
+    /// KV blocks per replica; `None`: what the profile's memory holds.
+    pub num_blocks: Option<usize>,
+    pub block_size: usize,
+    pub max_model_len: usize,
+    /// How often each agent reports, and how long a report takes to reach the gateways.
+    pub report_interval_ms: u64,
+    pub report_delay_ms: u64,
+    /// The served model's name (it seeds the block hashes).
+    pub model: String,
+    pub seed: u64,
+}
+
+/// When jobs start.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arrivals {
+    /// Poisson, this many jobs a second.
+    Rate(f64),
+    /// This many jobs at a time, the next starting as one ends.
+    Concurrency(usize),
+    /// The jobs' own timestamps, multiplied by this.
+    Trace { time_scale: f64 },
+}
+
+/// What a run produced.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Every request, in the order they ended.
+    pub records: Vec<RequestRecord>,
+    pub simulated_s: f64,
+    pub events: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    /// A job's turn is sent.
+    Send {
+        job: usize,
+    },
+    StepDone {
+        replica: usize,
+    },
+    Report {
+        replica: usize,
+    },
+    /// Report `payload` reaches the gateways.
+    Deliver {
+        payload: usize,
+    },
+}
+
+struct Replica {
+    name: String,
+    engine: Engine<SimBackend>,
+    /// The step under way: its results count when it ends.
+    step: Option<StepOutput>,
+    /// KV-event batches since the last report, and the last one's sequence number.
+    batches: Vec<KvEventBatch>,
+    seq: u64,
+    reports: u64,
+    /// A gateway could not apply the events in sequence: the next report carries a snapshot.
+    needs_snapshot: bool,
+}
+
+/// A job's progress: its turns so far, as token ids (each turn's prompt and answer).
+struct Progress {
+    history: Vec<u32>,
+    turn: usize,
+}
+
+struct Sent {
+    job: usize,
+    gateway: usize,
+    replica: usize,
+    sent_us: u64,
+    first_us: Option<u64>,
+    prompt: Vec<u32>,
+    output: Vec<u32>,
+}
+
+struct Sim<'a> {
+    config: &'a SimConfig,
+    jobs: &'a [Job],
+    arrivals: Arrivals,
+    router: &'a Router,
+    seed: HashSeed,
+    now_us: u64,
+    queue: BinaryHeap<Reverse<(u64, u64, Event)>>,
+    pushed: u64,
+    replicas: Vec<Replica>,
+    gateways: Vec<FleetState>,
+    turns_sent: Vec<usize>,
+    progress: Vec<Progress>,
+    sent: HashMap<u64, Sent>,
+    payloads: Vec<Option<(usize, TelemetryReport, KvUpdate)>>,
+    next_request: u64,
+    next_job: usize,
+    jobs_done: usize,
+    records: Vec<RequestRecord>,
+}
+
+/// Runs `jobs` through a fleet routed by `router`.
+pub fn simulate(
+    config: &SimConfig,
+    jobs: &[Job],
+    arrivals: Arrivals,
+    router: &Router,
+) -> Result<Outcome, String> {
+    if config.replicas == 0 || config.gateways == 0 {
+        return Err("a fleet needs at least one replica and one gateway".into());
+    }
+    let mut sim = Sim::new(config, jobs, arrivals, router)?;
+    sim.run()?;
+    Ok(Outcome {
+        records: sim.records,
+        simulated_s: sim.now_us as f64 / 1e6,
+        events: sim.pushed,
+    })
+}
+
+impl<'a> Sim<'a> {
+    fn new(
+        config: &'a SimConfig,
+        jobs: &'a [Job],
+        arrivals: Arrivals,
+        router: &'a Router,
+    ) -> Result<Self, String> {
+        let seed = HashSeed::new(&config.model, None, "");
+        let replicas = (0..config.replicas)
+            .map(|i| {
+                let engine_config = EngineConfig {
+                    block_size: config.block_size,
+                    num_blocks: config.num_blocks,
+                    max_model_len: config.max_model_len,
+                    prefix_caching: true,
+                    scheduler: Default::default(),
+                    hash_seed: seed,
+                    eos_token_ids: Vec::new(),
+                };
+                let backend = SimBackend::new(config.profile.clone(), 1_000, 49_152);
+                let engine = Engine::new(engine_config, backend).map_err(|e| e.to_string())?;
+                Ok(Replica {
+                    name: format!("sim-{i}"),
+                    engine,
+                    step: None,
+                    batches: Vec::new(),
+                    seq: 0,
+                    reports: 0,
+                    needs_snapshot: true,
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let ages = ReportAges {
+            stale_after_ms: 1_000,
+            exclude_after_ms: 5_000,
+        };
+        let specs: Vec<(ReplicaId, ReplicaSpec)> = replicas
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let spec = ReplicaSpec {
+                    name: r.name.clone(),
+                    url: format!("sim://{}", r.name),
+                    models: vec![config.model.clone()],
+                    labels: BTreeMap::new(),
+                    max_in_flight: None,
+                };
+                (ReplicaId(i as u32), spec)
+            })
+            .collect();
+        let policy = match router {
+            Router::Kvgate(policy) => policy.clone(),
+            Router::RoundRobin => Default::default(),
+        };
+        let gateways = (0..config.gateways)
+            .map(|_| {
+                let mut fleet = FleetState::new(policy.clone(), Some(ages));
+                fleet.set_replicas(specs.clone());
+                fleet
+            })
+            .collect();
+        Ok(Sim {
+            config,
+            jobs,
+            arrivals,
+            router,
+            seed,
+            now_us: 0,
+            queue: BinaryHeap::new(),
+            pushed: 0,
+            replicas,
+            gateways,
+            turns_sent: vec![0; jobs.len()],
+            progress: jobs
+                .iter()
+                .map(|_| Progress {
+                    history: Vec::new(),
+                    turn: 0,
+                })
+                .collect(),
+            sent: HashMap::new(),
+            payloads: Vec::new(),
+            next_request: 0,
+            next_job: 0,
+            jobs_done: 0,
+            records: Vec::new(),
+        })
+    }
+
+    fn push(&mut self, at_us: u64, event: Event) {
+        self.pushed += 1;
+        self.queue.push(Reverse((at_us, self.pushed, event)));
+    }
+
+    fn run(&mut self) -> Result<(), String> {
+        self.schedule_arrivals();
+        let interval_us = self.config.report_interval_ms.max(1) * 1_000;
+        let n = self.replicas.len() as u64;
+        for r in 0..self.replicas.len() {
+            // Agents report out of step with one another.
+            self.push(interval_us * r as u64 / n, Event::Report { replica: r });
+        }
+        while let Some(Reverse((at, _, event))) = self.queue.pop() {
+            self.now_us = at;
+            match event {
+                Event::Send { job } => self.send(job)?,
+                Event::StepDone { replica } => self.step_done(replica)?,
+                Event::Report { replica } => {
+                    if self.jobs_done < self.jobs.len() {
+                        self.report(replica);
+                        self.push(at + interval_us, Event::Report { replica });
+                    }
+                }
+                Event::Deliver { payload } => self.deliver(payload),
+            }
+        }
+        Ok(())
+    }
+
+    fn schedule_arrivals(&mut self) {
+        match self.arrivals {
+            Arrivals::Rate(rate) => {
+                let mut t = 0.0;
+                for job in 0..self.jobs.len() {
+                    self.push((t * 1e6) as u64, Event::Send { job });
+                    t += exponential(self.config.seed, job as u64) / rate.max(1e-9);
+                }
+                self.next_job = self.jobs.len();
+            }
+            Arrivals::Trace { time_scale } => {
+                for job in 0..self.jobs.len() {
+                    let at = self.jobs[job].at.unwrap_or(0.0) * time_scale;
+                    self.push((at.max(0.0) * 1e6) as u64, Event::Send { job });
+                }
+                self.next_job = self.jobs.len();
+            }
+            Arrivals::Concurrency(c) => {
+                for _ in 0..c.max(1).min(self.jobs.len()) {
+                    self.start_next_job();
+                }
+            }
+        }
+    }
+
+    fn start_next_job(&mut self) {
+        if self.next_job < self.jobs.len() {
+            let job = self.next_job;
+            self.next_job += 1;
+            self.push(self.now_us, Event::Send { job });
+        }
+    }
+
+    /// Sends a job's next turn: its history so far, then this turn's words.
+    fn send(&mut self, job: usize) -> Result<(), String> {
+        let spec = &self.jobs[job];
+        let progress = &mut self.progress[job];
+        let turn = &spec.turns[progress.turn];
+        if progress.turn == 0 {
+            if let Some(system) = &spec.system {
+                progress.history = tokens::ids(system);
+            }
+        }
+        let mut prompt = progress.history.clone();
+        prompt.extend(tokens::ids(&turn.user));
+        let max_tokens = turn.max_tokens;
+        self.turns_sent[job] += 1;
+        let id = self.next_request;
+        self.next_request += 1;
+        let gateway = job % self.gateways.len();
+        let replica = self.route(gateway, id, job, &prompt);
+        let new = NewRequest {
+            id,
+            prompt: prompt.clone(),
+            params: SamplingParams {
+                max_tokens,
+                ignore_eos: true,
+                ..Default::default()
+            },
+            priority: 0,
+        };
+        if let Err(e) = self.replicas[replica].engine.add_request(new) {
+            // As a worker would answer: 400, and the job goes on.
+            self.gateways[gateway].finished(id);
+            self.refused(job, replica, prompt.len(), e.to_string());
+            return Ok(());
+        }
+        self.sent.insert(
+            id,
+            Sent {
+                job,
+                gateway,
+                replica,
+                sent_us: self.now_us,
+                first_us: None,
+                prompt,
+                output: Vec::new(),
+            },
+        );
+        if self.replicas[replica].step.is_none() {
+            self.start_step(replica)?;
+        }
+        Ok(())
+    }
+
+    fn route(&mut self, gateway: usize, id: u64, job: usize, prompt: &[u32]) -> usize {
+        let n = self.replicas.len();
+        match self.router {
+            Router::RoundRobin => (id as usize / self.gateways.len()) % n,
+            Router::Kvgate(policy) => {
+                let mut features = RequestFeatures::from_tokens(
+                    prompt,
+                    self.seed,
+                    self.config.block_size,
+                    policy.ring_key_chunks,
+                );
+                features.now_ms = self.now_us / 1_000;
+                features.session = self.jobs[job]
+                    .session
+                    .as_ref()
+                    .map(|s| xxhash_rust::xxh3::xxh3_64(s.as_bytes()));
+                if let Some(session) = features.session {
+                    features.ring_key = session;
+                }
+                let pool = BTreeMap::new();
+                let ask = Ask {
+                    model: &self.config.model,
+                    pool: &pool,
+                    features: &features,
+                };
+                self.gateways[gateway]
+                    .route(id, &ask, features.now_ms, 1)
+                    .map_or(id as usize % n, |d| d.ranked[0].replica.0 as usize)
+            }
+        }
+    }
+
+    fn start_step(&mut self, replica: usize) -> Result<(), String> {
+        let r = &mut self.replicas[replica];
+        let out = r.engine.step().map_err(|e| e.to_string())?;
+        let took = out
+            .modelled_duration
+            .map_or(1, |d| (d.as_micros() as u64).max(1));
+        r.step = Some(out);
+        self.push(self.now_us + took, Event::StepDone { replica });
+        Ok(())
+    }
+
+    fn step_done(&mut self, replica: usize) -> Result<(), String> {
+        let Some(out) = self.replicas[replica].step.take() else {
+            return Ok(());
+        };
+        for token in out.tokens {
+            let Some(sent) = self.sent.get_mut(&token.id) else {
+                continue;
+            };
+            if sent.first_us.is_none() {
+                sent.first_us = Some(self.now_us);
+                self.gateways[sent.gateway].first_token(token.id);
+            }
+            sent.output.push(token.token);
+            if token.finished.is_some() {
+                self.finished(token.id, &token)?;
+            }
+        }
+        let r = &mut self.replicas[replica];
+        let events = r.engine.take_kv_events();
+        if !events.is_empty() {
+            r.seq += 1;
+            r.batches.push(KvEventBatch {
+                version: KV_EVENTS_VERSION,
+                seq: r.seq,
+                events,
+            });
+        }
+        if r.engine.has_work() {
+            self.start_step(replica)?;
+        }
+        Ok(())
+    }
+
+    /// A request the engine refused (a prompt over the context length).
+    fn refused(&mut self, job: usize, replica: usize, prompt_tokens: usize, error: String) {
+        self.records.push(RequestRecord {
+            index: self.records.len(),
+            warmup: false,
+            start_s: self.now_us as f64 / 1e6,
+            status: 400,
+            ttft_s: None,
+            e2e_s: 0.0,
+            itl_s: Vec::new(),
+            prompt_tokens: Some(prompt_tokens as u64),
+            output_tokens: None,
+            cached_tokens: None,
+            replica: Some(self.replicas[replica].name.clone()),
+            group: self.jobs[job].group.clone(),
+            route: None,
+            error: Some(error),
+        });
+        self.next_turn(job);
+    }
+
+    /// The job's turn ended: its next turn goes out, or the job is done.
+    fn next_turn(&mut self, job: usize) {
+        let progress = &mut self.progress[job];
+        progress.turn += 1;
+        if progress.turn < self.jobs[job].turns.len() {
+            self.push(self.now_us, Event::Send { job });
+        } else {
+            self.jobs_done += 1;
+            if matches!(self.arrivals, Arrivals::Concurrency(_)) {
+                self.start_next_job();
+            }
+        }
+    }
+
+    fn finished(&mut self, id: u64, token: &kvgate_worker::TokenOutput) -> Result<(), String> {
+        let Some(sent) = self.sent.remove(&id) else {
+            return Ok(());
+        };
+        self.gateways[sent.gateway].finished(id);
+        let at = |us: u64| us as f64 / 1e6;
+        let spec = &self.jobs[sent.job];
+        self.records.push(RequestRecord {
+            index: self.records.len(),
+            warmup: false,
+            start_s: at(sent.sent_us),
+            status: 200,
+            ttft_s: sent.first_us.map(|f| at(f - sent.sent_us)),
+            e2e_s: at(self.now_us - sent.sent_us),
+            itl_s: Vec::new(),
+            prompt_tokens: Some(token.num_prompt_tokens as u64),
+            output_tokens: Some(token.num_output_tokens as u64),
+            cached_tokens: Some(token.num_cached_tokens as u64),
+            replica: Some(self.replicas[sent.replica].name.clone()),
+            group: spec.group.clone(),
+            route: None,
+            error: None,
+        });
+        let progress = &mut self.progress[sent.job];
+        progress.history = sent.prompt;
+        progress.history.extend(sent.output);
+        self.next_turn(sent.job);
+        Ok(())
+    }
+
+    /// An agent's report: the engine's load now, and the KV events since the last one (or a
+    /// snapshot, first and whenever a gateway lost the sequence).
+    fn report(&mut self, replica: usize) {
+        let r = &mut self.replicas[replica];
+        let stats = r.engine.stats();
+        r.reports += 1;
+        let report = TelemetryReport {
+            version: TELEMETRY_VERSION,
+            replica: r.name.clone(),
+            url: format!("sim://{}", r.name),
+            instance: 1,
+            seq: r.reports,
+            healthy: true,
+            load: EngineLoad {
+                models: vec![self.config.model.clone()],
+                running: stats.running as u32,
+                waiting: stats.waiting as u32,
+                kv_blocks_total: stats.kv_blocks_total as u64,
+                kv_blocks_used: stats.kv_blocks_total.saturating_sub(stats.kv_blocks_free) as u64,
+                block_size: stats.block_size as u32,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let update = if std::mem::take(&mut r.needs_snapshot) {
+            r.batches.clear();
+            KvUpdate {
+                snapshot: Some(KvSnapshot {
+                    version: KV_EVENTS_VERSION,
+                    seq: r.seq,
+                    block_size: self.config.block_size,
+                    hashes: r.engine.cached_hashes(),
+                    host_hashes: Vec::new(),
+                }),
+                batches: Vec::new(),
+            }
+        } else {
+            KvUpdate {
+                snapshot: None,
+                batches: std::mem::take(&mut r.batches),
+            }
+        };
+        self.payloads.push(Some((replica, report, update)));
+        let payload = self.payloads.len() - 1;
+        let at = self.now_us + self.config.report_delay_ms * 1_000;
+        self.push(at, Event::Deliver { payload });
+    }
+
+    fn deliver(&mut self, payload: usize) {
+        let Some((replica, report, update)) = self.payloads.get_mut(payload).and_then(Option::take)
+        else {
+            return;
+        };
+        let now_ms = self.now_us / 1_000;
+        let id = ReplicaId(replica as u32);
+        for gateway in &mut self.gateways {
+            gateway.report(id, &report, now_ms);
+            if gateway.kv_events(id, &update).needs_snapshot {
+                self.replicas[replica].needs_snapshot = true;
+            }
+        }
+    }
+}
+
+/// An exponential draw of mean 1 for job `i`, from the run's seed.
+fn exponential(seed: u64, i: u64) -> f64 {
+    let bits = xxhash_rust::xxh3::xxh3_64_with_seed(&i.to_le_bytes(), seed);
+    let u = ((bits >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+    -u.ln()
+}

@@ -1,0 +1,25 @@
+//! What decides where a request goes: kvgate's policy (a gateway's `FleetState`), or a peer's
+//! algorithm.
+
+use kvgate_policies::PolicyConfig;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Router {
+    /// kvgate's policy, with these settings.
+    Kvgate(PolicyConfig),
+    /// Each gateway sends to the replicas in turn.
+    RoundRobin,
+}
+
+impl Router {
+    /// A router by name: `kvgate` (the default policy) or `round-robin`.
+    pub fn named(name: &str) -> Result<Router, String> {
+        match name {
+            "kvgate" => Ok(Router::Kvgate(PolicyConfig::default())),
+            "round-robin" => Ok(Router::RoundRobin),
+            _ => Err(format!(
+                "unknown policy `{name}` (known: kvgate, round-robin)"
+            )),
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! The simulator on a shared-prefix workload: every request ends, runs repeat exactly, and
+//! kvgate's policy finds the prefixes that round-robin scatters.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use kvgate_bench::Workload;
+use kvgate_sim::{simulate, Arrivals, Outcome, Router, SimConfig};
+use kvgate_worker::backend::profile::Profile;
+use std::path::Path;
+
+fn config(replicas: usize, gateways: usize) -> SimConfig {
+    let profile = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../config/profiles/h200-llama-3.1-8b-bf16.yaml");
+    SimConfig {
+        replicas,
+        gateways,
+        profile: Profile::load(&profile).unwrap(),
+        num_blocks: Some(2_048),
+        block_size: 16,
+        max_model_len: 8_192,
+        report_interval_ms: 100,
+        report_delay_ms: 5,
+        model: "m".into(),
+        seed: 7,
+    }
+}
+
+fn shared_prefix() -> Workload {
+    Workload::SharedPrefix {
+        groups: 8,
+        prompts_per_group: 25,
+        system_len: 1_024,
+        question_len: 32,
+        output_len: 16,
+    }
+}
+
+fn cached_ratio(o: &Outcome) -> f64 {
+    let sum = |f: fn(&kvgate_bench::RequestRecord) -> Option<u64>| {
+        o.records.iter().filter_map(f).sum::<u64>() as f64
+    };
+    sum(|r| r.cached_tokens) / sum(|r| r.prompt_tokens)
+}
+
+#[test]
+fn every_request_ends_and_a_run_repeats_exactly() {
+    let jobs = shared_prefix().jobs(200, 1).unwrap();
+    let run = || {
+        simulate(
+            &config(4, 2),
+            &jobs,
+            Arrivals::Rate(40.0),
+            &Router::named("kvgate").unwrap(),
+        )
+        .unwrap()
+    };
+    let (a, b) = (run(), run());
+    assert_eq!(a.records.len(), 200);
+    assert!(a
+        .records
+        .iter()
+        .all(|r| r.ttft_s.is_some() && r.output_tokens == Some(16)));
+    let key = |o: &Outcome| -> Vec<(String, u64)> {
+        o.records
+            .iter()
+            .map(|r| (r.replica.clone().unwrap(), (r.e2e_s * 1e6) as u64))
+            .collect()
+    };
+    assert_eq!(key(&a), key(&b));
+    assert!(a.simulated_s > 0.0 && a.events > 0);
+}
+
+#[test]
+fn kvgate_finds_the_prefixes_round_robin_scatters() {
+    let jobs = shared_prefix().jobs(200, 2).unwrap();
+    let fleet = config(4, 1);
+    let kvgate = simulate(
+        &fleet,
+        &jobs,
+        Arrivals::Rate(40.0),
+        &Router::named("kvgate").unwrap(),
+    )
+    .unwrap();
+    let rr = simulate(&fleet, &jobs, Arrivals::Rate(40.0), &Router::RoundRobin).unwrap();
+    let (k, r) = (cached_ratio(&kvgate), cached_ratio(&rr));
+    eprintln!("cached ratio: kvgate {k:.3}, round-robin {r:.3}");
+    // 8 groups over 4 replicas: round-robin computes each system prompt on every replica.
+    assert!(k > r + 0.05, "kvgate {k:.3}, round-robin {r:.3}");
+}
+
+#[test]
+fn closed_loop_and_multi_turn_sessions_run_turn_after_turn() {
+    let jobs = Workload::MultiTurn {
+        turns: 4,
+        system_len: 256,
+        turn_len: 32,
+        output_len: 8,
+    }
+    .jobs(40, 3)
+    .unwrap();
+    let o = simulate(
+        &config(2, 1),
+        &jobs,
+        Arrivals::Concurrency(4),
+        &Router::named("kvgate").unwrap(),
+    )
+    .unwrap();
+    assert_eq!(o.records.len(), 40);
+    // Later turns carry the earlier ones: their prompts grow and are mostly cached.
+    let late: Vec<_> = o
+        .records
+        .iter()
+        .filter(|r| r.prompt_tokens.unwrap() > 400)
+        .collect();
+    assert!(!late.is_empty());
+    assert!(
+        late.iter().all(|r| r.cached_tokens.unwrap() > 0),
+        "sessions stick to their replica"
+    );
+}
+
+#[test]
+fn a_fleet_without_replicas_is_refused() {
+    let jobs = shared_prefix().jobs(1, 1).unwrap();
+    let e = simulate(
+        &config(0, 1),
+        &jobs,
+        Arrivals::Rate(1.0),
+        &Router::RoundRobin,
+    )
+    .unwrap_err();
+    assert!(e.contains("at least one replica"), "{e}");
+    assert!(Router::named("nope").unwrap_err().contains("known: kvgate"));
+}
+
+#[test]
+fn a_prompt_over_the_context_length_fails_alone() {
+    let mut jobs = shared_prefix().jobs(20, 4).unwrap();
+    jobs[3].turns[0].user = " word".repeat(10_000);
+    let o = simulate(
+        &config(2, 1),
+        &jobs,
+        Arrivals::Rate(10.0),
+        &Router::named("kvgate").unwrap(),
+    )
+    .unwrap();
+    assert_eq!(o.records.len(), 20);
+    let failed: Vec<_> = o.records.iter().filter(|r| r.status != 200).collect();
+    assert_eq!(failed.len(), 1);
+    assert!(
+        failed[0].error.as_ref().unwrap().contains("context length"),
+        "{:?}",
+        failed[0].error
+    );
+}

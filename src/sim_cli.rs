@@ -1,0 +1,123 @@
+//! `kvgate sim` flags, and the run of each policy on the same arrivals.
+
+use crate::bench_cli::WorkloadArgs;
+use clap::Args;
+use kvgate_sim::{simulate, Arrivals, Router, SimConfig};
+use kvgate_worker::backend::profile::Profile;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Args)]
+pub struct SimArgs {
+    /// Replicas in the fleet (at most 4,096).
+    #[arg(long)]
+    replicas: usize,
+    /// Gateways, each with its own view of the fleet; jobs are spread over them.
+    #[arg(long, default_value_t = 1)]
+    gateways: usize,
+    /// Each replica's hardware and model profile (the sim backend's).
+    #[arg(long, default_value = "config/profiles/h200-llama-3.1-8b-bf16.yaml")]
+    profile: PathBuf,
+    /// KV blocks per replica (default: what the profile's memory holds).
+    #[arg(long)]
+    num_blocks: Option<usize>,
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+    #[arg(long, default_value_t = 32_768)]
+    max_model_len: usize,
+    /// How often each agent reports, and how long its report takes to reach the gateways.
+    #[arg(long, default_value_t = 100)]
+    report_interval_ms: u64,
+    #[arg(long, default_value_t = 5)]
+    report_delay_ms: u64,
+    #[command(flatten)]
+    workload: WorkloadArgs,
+    /// Jobs in flight at once (closed loop).
+    #[arg(long, conflicts_with = "rate")]
+    concurrency: Option<usize>,
+    /// Jobs started per second, Poisson. Neither: a trace replays its timestamps.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Trace replay speed-up: timestamps are divided by this.
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    #[arg(long)]
+    requests: usize,
+    /// A policy to run: kvgate, round-robin; repeat to compare on the same arrivals.
+    #[arg(long = "policy", required = true)]
+    policies: Vec<String>,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Results: DIR/POLICY/summary.json, requests.csv and plots, as `kvgate bench` writes.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+/// Replicas at most: each is a whole engine with its own block pool.
+const MAX_REPLICAS: usize = 4_096;
+
+pub fn run(args: SimArgs) -> Result<(), String> {
+    let workload = args.workload.workload()?;
+    let routers = args
+        .policies
+        .iter()
+        .map(|p| Router::named(p).map(|r| (p.clone(), r)))
+        .collect::<Result<Vec<_>, _>>()?;
+    if args.replicas == 0 || args.replicas > MAX_REPLICAS {
+        return Err(format!(
+            "--replicas must be between 1 and {MAX_REPLICAS}, got {}",
+            args.replicas
+        ));
+    }
+    let arrivals = match (args.concurrency, args.rate) {
+        (Some(n), _) => Arrivals::Concurrency(n),
+        (None, Some(r)) if r.is_finite() && r > 0.0 => Arrivals::Rate(r),
+        (None, Some(r)) => return Err(format!("--rate must be a positive number, got {r}")),
+        (None, None) if workload.is_trace() => Arrivals::Trace {
+            time_scale: 1.0 / args.time_scale,
+        },
+        (None, None) => return Err("give --concurrency or --rate (or a trace workload)".into()),
+    };
+    let profile = Profile::load(&args.profile)?;
+    let config = SimConfig {
+        replicas: args.replicas,
+        gateways: args.gateways.max(1),
+        profile,
+        num_blocks: args.num_blocks,
+        block_size: args.block_size,
+        max_model_len: args.max_model_len,
+        report_interval_ms: args.report_interval_ms,
+        report_delay_ms: args.report_delay_ms,
+        model: "sim".into(),
+        seed: args.seed,
+    };
+    let jobs = workload.jobs(args.requests, args.seed)?;
+    println!("| policy | requests | P50 TTFT ms | P90 TTFT ms | cached ratio | simulated s | wall s | events/s |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    for (name, router) in routers {
+        let started = Instant::now();
+        let outcome = simulate(&config, &jobs, arrivals, &router)?;
+        let wall = started.elapsed().as_secs_f64();
+        let labels = BTreeMap::from([
+            ("policy".to_string(), name.clone()),
+            ("workload".to_string(), workload.name()),
+            ("replicas".to_string(), args.replicas.to_string()),
+            ("gateways".to_string(), config.gateways.to_string()),
+            ("simulated".to_string(), "true".to_string()),
+        ]);
+        let summary = kvgate_bench::summarize(&outcome.records, Default::default(), None, labels);
+        kvgate_bench::write_results(&args.out.join(&name), &summary, &outcome.records)?;
+        println!(
+            "| {name} | {} | {:.1} | {:.1} | {:.3} | {:.2} | {wall:.2} | {:.0} |",
+            summary.requests,
+            summary.ttft_s.p50 * 1e3,
+            summary.ttft_s.p90 * 1e3,
+            summary.cached_token_ratio,
+            outcome.simulated_s,
+            outcome.events as f64 / wall.max(1e-9),
+        );
+    }
+    println!("results in {}", args.out.display());
+    Ok(())
+}
