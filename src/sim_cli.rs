@@ -44,7 +44,7 @@ pub struct SimArgs {
     time_scale: f64,
     #[arg(long)]
     requests: usize,
-    /// A policy to run: kvgate, round-robin; repeat to compare on the same arrivals.
+    /// A policy to run: kvgate, round-robin, least-load; repeat to compare on the same arrivals.
     #[arg(long = "policy", required = true)]
     policies: Vec<String>,
     #[arg(long, default_value_t = 1)]

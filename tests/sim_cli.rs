@@ -91,7 +91,7 @@ fn bad_input_is_refused_with_its_reason() {
                 "--workload",
                 "shared-prefix",
             ],
-            "unknown policy `nope`",
+            "unknown policy `nope` (known: kvgate, round-robin, least-load)",
         ),
         (
             vec![

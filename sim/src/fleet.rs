@@ -109,6 +109,8 @@ struct Sim<'a> {
     pushed: u64,
     replicas: Vec<Replica>,
     gateways: Vec<FleetState>,
+    /// Requests each gateway has in flight on each replica (for the peers' routers).
+    in_flight: Vec<Vec<u32>>,
     turns_sent: Vec<usize>,
     progress: Vec<Progress>,
     sent: HashMap<u64, Sent>,
@@ -190,7 +192,7 @@ impl<'a> Sim<'a> {
             .collect();
         let policy = match router {
             Router::Kvgate(policy) => policy.clone(),
-            Router::RoundRobin => Default::default(),
+            Router::RoundRobin | Router::LeastLoad => Default::default(),
         };
         let gateways = (0..config.gateways)
             .map(|_| {
@@ -208,6 +210,7 @@ impl<'a> Sim<'a> {
             now_us: 0,
             queue: BinaryHeap::new(),
             pushed: 0,
+            in_flight: vec![vec![0; replicas.len()]; config.gateways],
             replicas,
             gateways,
             turns_sent: vec![0; jobs.len()],
@@ -308,6 +311,7 @@ impl<'a> Sim<'a> {
         self.next_request += 1;
         let gateway = job % self.gateways.len();
         let replica = self.route(gateway, id, job, &prompt);
+        self.in_flight[gateway][replica] += 1;
         let new = NewRequest {
             id,
             prompt: prompt.clone(),
@@ -321,6 +325,7 @@ impl<'a> Sim<'a> {
         if let Err(e) = self.replicas[replica].engine.add_request(new) {
             // As a worker would answer: 400, and the job goes on.
             self.gateways[gateway].finished(id);
+            self.in_flight[gateway][replica] -= 1;
             self.refused(job, replica, prompt.len(), e.to_string());
             return Ok(());
         }
@@ -346,6 +351,13 @@ impl<'a> Sim<'a> {
         let n = self.replicas.len();
         match self.router {
             Router::RoundRobin => (id as usize / self.gateways.len()) % n,
+            Router::LeastLoad => {
+                let load = &self.in_flight[gateway];
+                (0..n)
+                    .map(|k| (id as usize + k) % n)
+                    .min_by_key(|&r| load[r])
+                    .unwrap_or(0)
+            }
             Router::Kvgate(policy) => {
                 let mut features = RequestFeatures::from_tokens(
                     prompt,
@@ -458,6 +470,7 @@ impl<'a> Sim<'a> {
             return Ok(());
         };
         self.gateways[sent.gateway].finished(id);
+        self.in_flight[sent.gateway][sent.replica] -= 1;
         let at = |us: u64| us as f64 / 1e6;
         let spec = &self.jobs[sent.job];
         self.records.push(RequestRecord {

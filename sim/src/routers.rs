@@ -9,16 +9,20 @@ pub enum Router {
     Kvgate(PolicyConfig),
     /// Each gateway sends to the replicas in turn.
     RoundRobin,
+    /// Each gateway sends to the replica with the fewest of its requests in flight (ties in
+    /// turn).
+    LeastLoad,
 }
 
 impl Router {
-    /// A router by name: `kvgate` (the default policy) or `round-robin`.
+    /// A router by name: `kvgate` (the default policy), `round-robin` or `least-load`.
     pub fn named(name: &str) -> Result<Router, String> {
         match name {
             "kvgate" => Ok(Router::Kvgate(PolicyConfig::default())),
             "round-robin" => Ok(Router::RoundRobin),
+            "least-load" => Ok(Router::LeastLoad),
             _ => Err(format!(
-                "unknown policy `{name}` (known: kvgate, round-robin)"
+                "unknown policy `{name}` (known: kvgate, round-robin, least-load)"
             )),
         }
     }

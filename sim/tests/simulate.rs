@@ -152,3 +152,22 @@ fn a_prompt_over_the_context_length_fails_alone() {
         failed[0].error
     );
 }
+
+#[test]
+fn least_load_spreads_requests_evenly() {
+    let jobs = shared_prefix().jobs(200, 5).unwrap();
+    let o = simulate(
+        &config(4, 1),
+        &jobs,
+        Arrivals::Concurrency(8),
+        &Router::named("least-load").unwrap(),
+    )
+    .unwrap();
+    let mut per: std::collections::BTreeMap<String, usize> = Default::default();
+    for r in &o.records {
+        *per.entry(r.replica.clone().unwrap()).or_default() += 1;
+    }
+    assert_eq!(per.len(), 4);
+    let (most, fewest) = (per.values().max().unwrap(), per.values().min().unwrap());
+    assert!(most - fewest <= 10, "{per:?}");
+}
