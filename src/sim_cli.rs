@@ -56,6 +56,9 @@ pub struct SimArgs {
 
 /// Replicas at most: each is a whole engine with its own block pool.
 const MAX_REPLICAS: usize = 4_096;
+/// KV blocks fleet-wide at most: each costs its engine's pool entry and every gateway's index
+/// entry, so this bounds a run's memory to a few GiB.
+const MAX_FLEET_BLOCKS: usize = 16 << 20;
 
 pub fn run(args: SimArgs) -> Result<(), String> {
     let workload = args.workload.workload()?;
@@ -80,6 +83,16 @@ pub fn run(args: SimArgs) -> Result<(), String> {
         (None, None) => return Err("give --concurrency or --rate (or a trace workload)".into()),
     };
     let profile = Profile::load(&args.profile)?;
+    let blocks = args
+        .num_blocks
+        .unwrap_or(profile.kv_capacity_tokens() / args.block_size.max(1));
+    let fleet_blocks = blocks.saturating_mul(args.replicas);
+    if fleet_blocks > MAX_FLEET_BLOCKS {
+        return Err(format!(
+            "{} replicas of {blocks} KV blocks each are {fleet_blocks} blocks, more than the {MAX_FLEET_BLOCKS} a run keeps in memory (measured: ~450 bytes a block with 8 gateways); lower --replicas or --num-blocks",
+            args.replicas
+        ));
+    }
     let config = SimConfig {
         replicas: args.replicas,
         gateways: args.gateways.max(1),

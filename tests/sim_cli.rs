@@ -85,6 +85,17 @@ fn bad_input_is_refused_with_its_reason() {
         (
             vec![
                 "--replicas",
+                "4096",
+                "--policy",
+                "kvgate",
+                "--workload",
+                "shared-prefix",
+            ],
+            "lower --replicas or --num-blocks",
+        ),
+        (
+            vec![
+                "--replicas",
                 "2",
                 "--policy",
                 "nope",

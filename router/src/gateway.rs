@@ -380,12 +380,12 @@ impl Gateway {
         self.metrics
             .decision
             .observe(started.elapsed().as_secs_f64());
+        let decision = decision.map_err(|e| no_route(e, class))?;
         let first = InFlight::new(
             Arc::clone(&self.fleet),
             Arc::clone(&self.admission.released),
             id,
         );
-        let decision = decision.map_err(|e| no_route(e, class))?;
         Ok(self.route_of(snap, decision, first))
     }
 
