@@ -44,7 +44,8 @@ pub struct SimArgs {
     time_scale: f64,
     #[arg(long)]
     requests: usize,
-    /// A policy to run: kvgate, round-robin, least-load; repeat to compare on the same arrivals.
+    /// A policy to run: kvgate, round-robin, least-load, sglang-cache-aware; repeat to compare
+    /// on the same arrivals.
     #[arg(long = "policy", required = true)]
     policies: Vec<String>,
     #[arg(long, default_value_t = 1)]

@@ -1,6 +1,7 @@
 //! The event loop: arrivals, engine steps, agents' reports and their delivery, in virtual
 //! microseconds.
 
+use crate::peers::CacheAware;
 use crate::routers::Router;
 use crate::tokens;
 use kvgate_bench::{Job, RequestRecord};
@@ -111,6 +112,8 @@ struct Sim<'a> {
     gateways: Vec<FleetState>,
     /// Requests each gateway has in flight on each replica (for the peers' routers).
     in_flight: Vec<Vec<u32>>,
+    /// Each gateway's SGLang trees, for that router.
+    cache_aware: Vec<CacheAware>,
     turns_sent: Vec<usize>,
     progress: Vec<Progress>,
     sent: HashMap<u64, Sent>,
@@ -192,7 +195,7 @@ impl<'a> Sim<'a> {
             .collect();
         let policy = match router {
             Router::Kvgate(policy) => policy.clone(),
-            Router::RoundRobin | Router::LeastLoad => Default::default(),
+            Router::RoundRobin | Router::LeastLoad | Router::SglangCacheAware => Default::default(),
         };
         let gateways = (0..config.gateways)
             .map(|_| {
@@ -211,6 +214,7 @@ impl<'a> Sim<'a> {
             queue: BinaryHeap::new(),
             pushed: 0,
             in_flight: vec![vec![0; replicas.len()]; config.gateways],
+            cache_aware: vec![CacheAware::new(replicas.len()); config.gateways],
             replicas,
             gateways,
             turns_sent: vec![0; jobs.len()],
@@ -351,6 +355,11 @@ impl<'a> Sim<'a> {
         let n = self.replicas.len();
         match self.router {
             Router::RoundRobin => (id as usize / self.gateways.len()) % n,
+            Router::SglangCacheAware => {
+                let blocks =
+                    kvgate_protocol::block_hashes(self.seed, prompt, self.config.block_size);
+                self.cache_aware[gateway].choose(&blocks, &self.in_flight[gateway])
+            }
             Router::LeastLoad => {
                 let load = &self.in_flight[gateway];
                 (0..n)

@@ -5,6 +5,7 @@
 //! duration moves the clock.
 
 mod fleet;
+mod peers;
 mod routers;
 mod tokens;
 

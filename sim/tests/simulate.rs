@@ -81,8 +81,20 @@ fn kvgate_finds_the_prefixes_round_robin_scatters() {
     )
     .unwrap();
     let rr = simulate(&fleet, &jobs, Arrivals::Rate(40.0), &Router::RoundRobin).unwrap();
-    let (k, r) = (cached_ratio(&kvgate), cached_ratio(&rr));
-    eprintln!("cached ratio: kvgate {k:.3}, round-robin {r:.3}");
+    let sglang = simulate(
+        &fleet,
+        &jobs,
+        Arrivals::Rate(40.0),
+        &Router::SglangCacheAware,
+    )
+    .unwrap();
+    let (k, r, s) = (
+        cached_ratio(&kvgate),
+        cached_ratio(&rr),
+        cached_ratio(&sglang),
+    );
+    eprintln!("cached ratio: kvgate {k:.3}, round-robin {r:.3}, sglang-cache-aware {s:.3}");
+    assert!(s > r + 0.05, "sglang's tree finds them too: {s:.3}");
     // 8 groups over 4 replicas: round-robin computes each system prompt on every replica.
     assert!(k > r + 0.05, "kvgate {k:.3}, round-robin {r:.3}");
 }
