@@ -114,7 +114,6 @@ struct Sim<'a> {
     in_flight: Vec<Vec<u32>>,
     /// Each gateway's SGLang trees, for that router.
     cache_aware: Vec<CacheAware>,
-    turns_sent: Vec<usize>,
     progress: Vec<Progress>,
     sent: HashMap<u64, Sent>,
     payloads: Vec<Option<(usize, TelemetryReport, KvUpdate)>>,
@@ -217,7 +216,6 @@ impl<'a> Sim<'a> {
             cache_aware: vec![CacheAware::new(replicas.len()); config.gateways],
             replicas,
             gateways,
-            turns_sent: vec![0; jobs.len()],
             progress: jobs
                 .iter()
                 .map(|_| Progress {
@@ -301,7 +299,11 @@ impl<'a> Sim<'a> {
     fn send(&mut self, job: usize) -> Result<(), String> {
         let spec = &self.jobs[job];
         let progress = &mut self.progress[job];
-        let turn = &spec.turns[progress.turn];
+        let Some(turn) = spec.turns.get(progress.turn) else {
+            // A job without turns is done at once.
+            self.next_turn(job);
+            return Ok(());
+        };
         if progress.turn == 0 {
             if let Some(system) = &spec.system {
                 progress.history = tokens::ids(system);
@@ -310,7 +312,6 @@ impl<'a> Sim<'a> {
         let mut prompt = progress.history.clone();
         prompt.extend(tokens::ids(&turn.user));
         let max_tokens = turn.max_tokens;
-        self.turns_sent[job] += 1;
         let id = self.next_request;
         self.next_request += 1;
         let gateway = job % self.gateways.len();

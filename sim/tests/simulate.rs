@@ -183,3 +183,17 @@ fn least_load_spreads_requests_evenly() {
     let (most, fewest) = (per.values().max().unwrap(), per.values().min().unwrap());
     assert!(most - fewest <= 10, "{per:?}");
 }
+
+#[test]
+fn a_job_without_turns_ends_at_once() {
+    let mut jobs = shared_prefix().jobs(3, 6).unwrap();
+    jobs[1].turns.clear();
+    let o = simulate(
+        &config(1, 1),
+        &jobs,
+        Arrivals::Concurrency(1),
+        &Router::RoundRobin,
+    )
+    .unwrap();
+    assert_eq!(o.records.len(), 2);
+}
