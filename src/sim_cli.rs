@@ -44,7 +44,8 @@ pub struct SimArgs {
     time_scale: f64,
     #[arg(long)]
     requests: usize,
-    /// A policy to run: kvgate, round-robin, least-load, sglang-cache-aware; repeat to compare
+    /// A policy to run: kvgate, round-robin, least-load, sglang-cache-aware,
+    /// vllm-consistent-hash; repeat to compare
     /// on the same arrivals.
     #[arg(long = "policy", required = true)]
     policies: Vec<String>,

@@ -102,7 +102,7 @@ fn bad_input_is_refused_with_its_reason() {
                 "--workload",
                 "shared-prefix",
             ],
-            "unknown policy `nope` (known: kvgate, round-robin, least-load, sglang-cache-aware)",
+            "unknown policy `nope` (known: kvgate, round-robin, least-load, sglang-cache-aware, vllm-consistent-hash)",
         ),
         (
             vec![

@@ -1,7 +1,7 @@
 //! The event loop: arrivals, engine steps, agents' reports and their delivery, in virtual
 //! microseconds.
 
-use crate::peers::CacheAware;
+use crate::peers::{CacheAware, ConsistentHash};
 use crate::routers::Router;
 use crate::tokens;
 use kvgate_bench::{Job, RequestRecord};
@@ -114,6 +114,7 @@ struct Sim<'a> {
     in_flight: Vec<Vec<u32>>,
     /// Each gateway's SGLang trees, for that router.
     cache_aware: Vec<CacheAware>,
+    consistent_hash: ConsistentHash,
     progress: Vec<Progress>,
     sent: HashMap<u64, Sent>,
     payloads: Vec<Option<(usize, TelemetryReport, KvUpdate)>>,
@@ -194,7 +195,7 @@ impl<'a> Sim<'a> {
             .collect();
         let policy = match router {
             Router::Kvgate(policy) => policy.clone(),
-            Router::RoundRobin | Router::LeastLoad | Router::SglangCacheAware => Default::default(),
+            _ => Default::default(),
         };
         let gateways = (0..config.gateways)
             .map(|_| {
@@ -214,6 +215,9 @@ impl<'a> Sim<'a> {
             pushed: 0,
             in_flight: vec![vec![0; replicas.len()]; config.gateways],
             cache_aware: vec![CacheAware::new(replicas.len()); config.gateways],
+            consistent_hash: ConsistentHash::new(
+                &replicas.iter().map(|r| r.name.clone()).collect::<Vec<_>>(),
+            ),
             replicas,
             gateways,
             progress: jobs
@@ -360,6 +364,16 @@ impl<'a> Sim<'a> {
                 let blocks =
                     kvgate_protocol::block_hashes(self.seed, prompt, self.config.block_size);
                 self.cache_aware[gateway].choose(&blocks, &self.in_flight[gateway])
+            }
+            Router::VllmConsistentHash => {
+                let job = &self.jobs[job];
+                match job.session.as_ref().or(job.group.as_ref()) {
+                    Some(key) => self.consistent_hash.choose(key.as_bytes()),
+                    None => {
+                        let bytes: Vec<u8> = prompt.iter().flat_map(|t| t.to_le_bytes()).collect();
+                        self.consistent_hash.choose(&bytes)
+                    }
+                }
             }
             Router::LeastLoad => {
                 let load = &self.in_flight[gateway];

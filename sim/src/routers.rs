@@ -3,6 +3,15 @@
 
 use kvgate_policies::PolicyConfig;
 
+/// Every router's name.
+pub const NAMES: [&str; 5] = [
+    "kvgate",
+    "round-robin",
+    "least-load",
+    "sglang-cache-aware",
+    "vllm-consistent-hash",
+];
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Router {
     /// kvgate's policy, with these settings.
@@ -14,19 +23,22 @@ pub enum Router {
     LeastLoad,
     /// SGLang router's `cache_aware` ([`crate::peers::CacheAware`]), one tree per gateway.
     SglangCacheAware,
+    /// vLLM router's `consistent_hash` ([`crate::peers::ConsistentHash`]).
+    VllmConsistentHash,
 }
 
 impl Router {
-    /// A router by name: `kvgate` (the default policy), `round-robin`, `least-load` or
-    /// `sglang-cache-aware`.
+    /// A router by name (see [`NAMES`]; `kvgate` is the default policy).
     pub fn named(name: &str) -> Result<Router, String> {
         match name {
             "kvgate" => Ok(Router::Kvgate(PolicyConfig::default())),
             "round-robin" => Ok(Router::RoundRobin),
             "least-load" => Ok(Router::LeastLoad),
             "sglang-cache-aware" => Ok(Router::SglangCacheAware),
+            "vllm-consistent-hash" => Ok(Router::VllmConsistentHash),
             _ => Err(format!(
-                "unknown policy `{name}` (known: kvgate, round-robin, least-load, sglang-cache-aware)"
+                "unknown policy `{name}` (known: {})",
+                NAMES.join(", ")
             )),
         }
     }
