@@ -72,6 +72,36 @@ fn each_policy_gets_the_summary_kvgate_bench_writes() {
 }
 
 #[test]
+fn a_malformed_trace_is_named_by_file_and_line() {
+    let trace = std::env::temp_dir().join(format!("kvgate-sim-trace-{}.jsonl", std::process::id()));
+    std::fs::write(
+        &trace,
+        "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 5, \"hash_ids\": [1]}\n{\"timestamp\": 1, \"input_length\": \"x\"}\n",
+    )
+    .unwrap();
+    let workload = format!("mooncake:{}", trace.display());
+    let o = sim(&[
+        "--replicas",
+        "2",
+        "--workload",
+        &workload,
+        "--requests",
+        "5",
+        "--policy",
+        "kvgate",
+        "--out",
+        "/tmp/kvgate-sim-never",
+    ]);
+    let text = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        text.contains(&format!("{} line 2", trace.display())),
+        "{text}"
+    );
+    std::fs::remove_file(&trace).unwrap();
+}
+
+#[test]
 fn bad_input_is_refused_with_its_reason() {
     let base = [
         "--rate",
