@@ -15,27 +15,14 @@ pub struct BenchArgs {
     model: Option<String>,
     #[command(flatten)]
     workload: WorkloadArgs,
-    /// Jobs in flight at once (closed loop).
-    #[arg(long, conflicts_with = "rate")]
-    concurrency: Option<usize>,
-    /// Jobs started per second, Poisson (open loop). Neither this nor --concurrency: a trace
-    /// replays its own timestamps.
-    #[arg(long)]
-    rate: Option<f64>,
-    /// Trace replay speed-up: timestamps are divided by this.
-    #[arg(long, default_value_t = 1.0)]
-    time_scale: f64,
-    /// Requests at most (a trace: its first ones).
-    #[arg(long)]
-    requests: usize,
+    #[command(flatten)]
+    load: LoadArgs,
     /// Stop starting requests after this many seconds.
     #[arg(long)]
     duration_s: Option<f64>,
     /// The first requests sent, left out of the figures.
     #[arg(long, default_value_t = 0)]
     warmup: usize,
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
     /// Results: summary.json, requests.csv, ttft_cdf.svg, over_time.svg.
     #[arg(long)]
     out: PathBuf,
@@ -56,6 +43,40 @@ pub struct BenchArgs {
     /// No progress line.
     #[arg(long)]
     quiet: bool,
+}
+
+/// How jobs start and how many, as `kvgate bench` and `kvgate sim` take them.
+#[derive(Args)]
+pub struct LoadArgs {
+    /// Jobs in flight at once (closed loop).
+    #[arg(long, conflicts_with = "rate")]
+    concurrency: Option<usize>,
+    /// Jobs started per second, Poisson (open loop). Neither this nor --concurrency: a trace
+    /// replays its own timestamps.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Trace replay speed-up: timestamps are divided by this.
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    /// Requests at most (a trace: its first ones).
+    #[arg(long)]
+    pub requests: usize,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+impl LoadArgs {
+    pub fn load(&self, workload: &Workload) -> Result<Load, String> {
+        match (self.concurrency, self.rate) {
+            (Some(n), _) => Ok(Load::Concurrency(n)),
+            (None, Some(r)) if r.is_finite() && r > 0.0 => Ok(Load::Rate(r)),
+            (None, Some(r)) => Err(format!("--rate must be a positive number, got {r}")),
+            (None, None) if workload.is_trace() => Ok(Load::Replay {
+                speedup: self.time_scale,
+            }),
+            (None, None) => Err("give --concurrency or --rate (or a trace workload)".into()),
+        }
+    }
 }
 
 /// A workload and its shape, as `kvgate bench` and `kvgate sim` take them.
@@ -138,14 +159,7 @@ impl WorkloadArgs {
 impl BenchArgs {
     pub fn into_config(self) -> Result<BenchConfig, String> {
         let workload = self.workload.workload()?;
-        let load = match (self.concurrency, self.rate) {
-            (Some(n), _) => Load::Concurrency(n),
-            (None, Some(r)) => Load::Rate(r),
-            (None, None) if workload.is_trace() => Load::Replay {
-                speedup: self.time_scale,
-            },
-            (None, None) => return Err("give --concurrency or --rate (or a trace workload)".into()),
-        };
+        let load = self.load.load(&workload)?;
         let headers = self
             .headers
             .iter()
@@ -172,10 +186,10 @@ impl BenchArgs {
             model: self.model,
             workload,
             load,
-            requests: self.requests,
+            requests: self.load.requests,
             warmup: self.warmup,
             duration: self.duration_s.map(Duration::from_secs_f64),
-            seed: self.seed,
+            seed: self.load.seed,
             slo: parse_slo(self.slo.as_deref())?,
             headers,
             group_header: self.group_header,

@@ -1,8 +1,8 @@
 //! `kvgate sim` flags, and the run of each policy on the same arrivals.
 
-use crate::bench_cli::WorkloadArgs;
+use crate::bench_cli::{LoadArgs, WorkloadArgs};
 use clap::Args;
-use kvgate_sim::{simulate, Arrivals, Router, SimConfig};
+use kvgate_sim::{simulate, Router, SimConfig};
 use kvgate_worker::backend::profile::Profile;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -33,24 +33,13 @@ pub struct SimArgs {
     report_delay_ms: u64,
     #[command(flatten)]
     workload: WorkloadArgs,
-    /// Jobs in flight at once (closed loop).
-    #[arg(long, conflicts_with = "rate")]
-    concurrency: Option<usize>,
-    /// Jobs started per second, Poisson. Neither: a trace replays its timestamps.
-    #[arg(long)]
-    rate: Option<f64>,
-    /// Trace replay speed-up: timestamps are divided by this.
-    #[arg(long, default_value_t = 1.0)]
-    time_scale: f64,
-    #[arg(long)]
-    requests: usize,
+    #[command(flatten)]
+    load: LoadArgs,
     /// A policy to run: kvgate, round-robin, least-load, sglang-cache-aware,
     /// vllm-consistent-hash; repeat to compare
     /// on the same arrivals.
     #[arg(long = "policy", required = true)]
     policies: Vec<String>,
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
     /// Results: DIR/POLICY/summary.json, requests.csv and plots, as `kvgate bench` writes.
     #[arg(long)]
     out: PathBuf,
@@ -75,15 +64,7 @@ pub fn run(args: SimArgs) -> Result<(), String> {
             args.replicas
         ));
     }
-    let arrivals = match (args.concurrency, args.rate) {
-        (Some(n), _) => Arrivals::Concurrency(n),
-        (None, Some(r)) if r.is_finite() && r > 0.0 => Arrivals::Rate(r),
-        (None, Some(r)) => return Err(format!("--rate must be a positive number, got {r}")),
-        (None, None) if workload.is_trace() => Arrivals::Trace {
-            time_scale: 1.0 / args.time_scale,
-        },
-        (None, None) => return Err("give --concurrency or --rate (or a trace workload)".into()),
-    };
+    let load = args.load.load(&workload)?;
     let profile = Profile::load(&args.profile)?;
     let blocks = args
         .num_blocks
@@ -105,14 +86,14 @@ pub fn run(args: SimArgs) -> Result<(), String> {
         report_interval_ms: args.report_interval_ms,
         report_delay_ms: args.report_delay_ms,
         model: "sim".into(),
-        seed: args.seed,
+        seed: args.load.seed,
     };
-    let jobs = workload.jobs(args.requests, args.seed)?;
+    let jobs = workload.jobs(args.load.requests, args.load.seed)?;
     println!("| policy | requests | P50 TTFT ms | P90 TTFT ms | cached ratio | simulated s | wall s | events/s |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for (name, router) in routers {
         let started = Instant::now();
-        let outcome = simulate(&config, &jobs, arrivals, &router)?;
+        let outcome = simulate(&config, &jobs, load, &router)?;
         let wall = started.elapsed().as_secs_f64();
         let labels = BTreeMap::from([
             ("policy".to_string(), name.clone()),

@@ -21,6 +21,33 @@ pub enum Load {
     Replay { speedup: f64 },
 }
 
+impl Load {
+    /// When each job starts, in seconds from the start of the run (open loop: the same times
+    /// for `kvgate bench` and `kvgate sim` from the same seed); `None` in closed loop.
+    pub fn start_times(&self, jobs: &[Job], seed: u64) -> Option<Vec<f64>> {
+        match *self {
+            Load::Concurrency(_) => None,
+            Load::Rate(rate) => {
+                let mut rng = Rng::new(seed ^ 0x7261_7465);
+                let mut at = 0.0;
+                Some(
+                    jobs.iter()
+                        .map(|_| {
+                            at += rng.exponential(1.0 / rate.max(1e-9));
+                            at
+                        })
+                        .collect(),
+                )
+            }
+            Load::Replay { speedup } => Some(
+                jobs.iter()
+                    .map(|j| j.at.unwrap_or(0.0) / speedup.max(1e-9))
+                    .collect(),
+            ),
+        }
+    }
+}
+
 pub struct Driver {
     pub client: Client,
     pub model: String,
@@ -57,6 +84,12 @@ impl Driver {
         let past_deadline = move || deadline.is_some_and(|d| Instant::now() >= d);
         let mut tasks = Vec::new();
         match load {
+            Load::Rate(_) | Load::Replay { .. } => {
+                let starts = load.start_times(&jobs, self.seed).unwrap_or_default();
+                for (job, at) in jobs.into_iter().zip(starts) {
+                    tasks.push(self.spawn_at(&shared, job, at));
+                }
+            }
             Load::Concurrency(n) => {
                 let queue = Arc::new(Mutex::new(VecDeque::from(jobs)));
                 for _ in 0..n.max(1) {
@@ -75,20 +108,6 @@ impl Driver {
                             me.run_job(&shared, job).await;
                         }
                     }));
-                }
-            }
-            Load::Rate(rate) => {
-                let mut rng = Rng::new(self.seed ^ 0x7261_7465);
-                let mut at = 0.0;
-                for job in jobs {
-                    at += rng.exponential(1.0 / rate.max(1e-9));
-                    tasks.push(self.spawn_at(&shared, job, at));
-                }
-            }
-            Load::Replay { speedup } => {
-                for job in jobs {
-                    let at = job.at.unwrap_or(0.0) / speedup.max(1e-9);
-                    tasks.push(self.spawn_at(&shared, job, at));
                 }
             }
         }

@@ -4,7 +4,7 @@
 use crate::peers::{CacheAware, ConsistentHash};
 use crate::routers::Router;
 use crate::tokens;
-use kvgate_bench::{Job, RequestRecord};
+use kvgate_bench::{Job, Load, RequestRecord};
 use kvgate_policies::{Ask, FleetState, ReplicaId, ReplicaSpec, ReportAges, RequestFeatures};
 use kvgate_protocol::kv_events::{KvEventBatch, KvSnapshot, KV_EVENTS_VERSION};
 use kvgate_protocol::telemetry::{EngineLoad, KvUpdate, TelemetryReport, TELEMETRY_VERSION};
@@ -13,7 +13,7 @@ use kvgate_worker::backend::profile::Profile;
 use kvgate_worker::backend::sim::SimBackend;
 use kvgate_worker::{Engine, EngineConfig, NewRequest, SamplingParams, StepOutput};
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 
 #[derive(Debug, Clone)]
 pub struct SimConfig {
@@ -29,18 +29,8 @@ pub struct SimConfig {
     pub report_delay_ms: u64,
     /// The served model's name (it seeds the block hashes).
     pub model: String,
+    /// Seeds the open-loop start times, as `kvgate bench --seed` does.
     pub seed: u64,
-}
-
-/// When jobs start.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Arrivals {
-    /// Poisson, this many jobs a second.
-    Rate(f64),
-    /// This many jobs at a time, the next starting as one ends.
-    Concurrency(usize),
-    /// The jobs' own timestamps, multiplied by this.
-    Trace { time_scale: f64 },
 }
 
 /// What a run produced.
@@ -64,10 +54,9 @@ enum Event {
     Report {
         replica: usize,
     },
-    /// Report `payload` reaches the gateways.
-    Deliver {
-        payload: usize,
-    },
+    /// The oldest report in flight reaches the gateways (every report takes the same delay,
+    /// so they arrive in the order they were sent).
+    Deliver,
 }
 
 struct Replica {
@@ -102,7 +91,7 @@ struct Sent {
 struct Sim<'a> {
     config: &'a SimConfig,
     jobs: &'a [Job],
-    arrivals: Arrivals,
+    load: Load,
     router: &'a Router,
     seed: HashSeed,
     now_us: u64,
@@ -117,7 +106,8 @@ struct Sim<'a> {
     consistent_hash: ConsistentHash,
     progress: Vec<Progress>,
     sent: HashMap<u64, Sent>,
-    payloads: Vec<Option<(usize, TelemetryReport, KvUpdate)>>,
+    /// Reports sent and not yet delivered, oldest first.
+    reports_in_flight: VecDeque<(usize, TelemetryReport, KvUpdate)>,
     next_request: u64,
     next_job: usize,
     jobs_done: usize,
@@ -128,13 +118,13 @@ struct Sim<'a> {
 pub fn simulate(
     config: &SimConfig,
     jobs: &[Job],
-    arrivals: Arrivals,
+    load: Load,
     router: &Router,
 ) -> Result<Outcome, String> {
     if config.replicas == 0 || config.gateways == 0 {
         return Err("a fleet needs at least one replica and one gateway".into());
     }
-    let mut sim = Sim::new(config, jobs, arrivals, router)?;
+    let mut sim = Sim::new(config, jobs, load, router)?;
     sim.run()?;
     Ok(Outcome {
         records: sim.records,
@@ -147,7 +137,7 @@ impl<'a> Sim<'a> {
     fn new(
         config: &'a SimConfig,
         jobs: &'a [Job],
-        arrivals: Arrivals,
+        load: Load,
         router: &'a Router,
     ) -> Result<Self, String> {
         let seed = HashSeed::new(&config.model, None, "");
@@ -207,7 +197,7 @@ impl<'a> Sim<'a> {
         Ok(Sim {
             config,
             jobs,
-            arrivals,
+            load,
             router,
             seed,
             now_us: 0,
@@ -228,7 +218,7 @@ impl<'a> Sim<'a> {
                 })
                 .collect(),
             sent: HashMap::new(),
-            payloads: Vec::new(),
+            reports_in_flight: VecDeque::new(),
             next_request: 0,
             next_job: 0,
             jobs_done: 0,
@@ -260,31 +250,27 @@ impl<'a> Sim<'a> {
                         self.push(at + interval_us, Event::Report { replica });
                     }
                 }
-                Event::Deliver { payload } => self.deliver(payload),
+                Event::Deliver => self.deliver(),
             }
         }
         Ok(())
     }
 
+    /// Open loop: every job at its start time, as `kvgate bench` would send it; closed loop:
+    /// the first ones.
     fn schedule_arrivals(&mut self) {
-        match self.arrivals {
-            Arrivals::Rate(rate) => {
-                let mut t = 0.0;
-                for job in 0..self.jobs.len() {
-                    self.push((t * 1e6) as u64, Event::Send { job });
-                    t += exponential(self.config.seed, job as u64) / rate.max(1e-9);
-                }
-                self.next_job = self.jobs.len();
-            }
-            Arrivals::Trace { time_scale } => {
-                for job in 0..self.jobs.len() {
-                    let at = self.jobs[job].at.unwrap_or(0.0) * time_scale;
+        match self.load.start_times(self.jobs, self.config.seed) {
+            Some(starts) => {
+                for (job, at) in starts.into_iter().enumerate() {
                     self.push((at.max(0.0) * 1e6) as u64, Event::Send { job });
                 }
                 self.next_job = self.jobs.len();
             }
-            Arrivals::Concurrency(c) => {
-                for _ in 0..c.max(1).min(self.jobs.len()) {
+            None => {
+                let Load::Concurrency(n) = self.load else {
+                    return;
+                };
+                for _ in 0..n.max(1).min(self.jobs.len()) {
                     self.start_next_job();
                 }
             }
@@ -483,7 +469,7 @@ impl<'a> Sim<'a> {
             self.push(self.now_us, Event::Send { job });
         } else {
             self.jobs_done += 1;
-            if matches!(self.arrivals, Arrivals::Concurrency(_)) {
+            if matches!(self.load, Load::Concurrency(_)) {
                 self.start_next_job();
             }
         }
@@ -562,15 +548,13 @@ impl<'a> Sim<'a> {
                 batches: std::mem::take(&mut r.batches),
             }
         };
-        self.payloads.push(Some((replica, report, update)));
-        let payload = self.payloads.len() - 1;
+        self.reports_in_flight.push_back((replica, report, update));
         let at = self.now_us + self.config.report_delay_ms * 1_000;
-        self.push(at, Event::Deliver { payload });
+        self.push(at, Event::Deliver);
     }
 
-    fn deliver(&mut self, payload: usize) {
-        let Some((replica, report, update)) = self.payloads.get_mut(payload).and_then(Option::take)
-        else {
+    fn deliver(&mut self) {
+        let Some((replica, report, update)) = self.reports_in_flight.pop_front() else {
             return;
         };
         let now_ms = self.now_us / 1_000;
@@ -582,11 +566,4 @@ impl<'a> Sim<'a> {
             }
         }
     }
-}
-
-/// An exponential draw of mean 1 for job `i`, from the run's seed.
-fn exponential(seed: u64, i: u64) -> f64 {
-    let bits = xxhash_rust::xxh3::xxh3_64_with_seed(&i.to_le_bytes(), seed);
-    let u = ((bits >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-    -u.ln()
 }

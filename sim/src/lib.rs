@@ -9,5 +9,5 @@ mod peers;
 mod routers;
 mod tokens;
 
-pub use fleet::{simulate, Arrivals, Outcome, SimConfig};
+pub use fleet::{simulate, Outcome, SimConfig};
 pub use routers::Router;

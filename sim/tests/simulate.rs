@@ -2,8 +2,8 @@
 //! kvgate's policy finds the prefixes that round-robin scatters.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use kvgate_bench::Workload;
-use kvgate_sim::{simulate, Arrivals, Outcome, Router, SimConfig};
+use kvgate_bench::{Load, Workload};
+use kvgate_sim::{simulate, Outcome, Router, SimConfig};
 use kvgate_worker::backend::profile::Profile;
 use std::path::Path;
 
@@ -48,7 +48,7 @@ fn every_request_ends_and_a_run_repeats_exactly() {
         simulate(
             &config(4, 2),
             &jobs,
-            Arrivals::Rate(40.0),
+            Load::Rate(40.0),
             &Router::named("kvgate").unwrap(),
         )
         .unwrap()
@@ -76,18 +76,12 @@ fn kvgate_finds_the_prefixes_round_robin_scatters() {
     let kvgate = simulate(
         &fleet,
         &jobs,
-        Arrivals::Rate(40.0),
+        Load::Rate(40.0),
         &Router::named("kvgate").unwrap(),
     )
     .unwrap();
-    let rr = simulate(&fleet, &jobs, Arrivals::Rate(40.0), &Router::RoundRobin).unwrap();
-    let sglang = simulate(
-        &fleet,
-        &jobs,
-        Arrivals::Rate(40.0),
-        &Router::SglangCacheAware,
-    )
-    .unwrap();
+    let rr = simulate(&fleet, &jobs, Load::Rate(40.0), &Router::RoundRobin).unwrap();
+    let sglang = simulate(&fleet, &jobs, Load::Rate(40.0), &Router::SglangCacheAware).unwrap();
     let (k, r, s) = (
         cached_ratio(&kvgate),
         cached_ratio(&rr),
@@ -112,7 +106,7 @@ fn closed_loop_and_multi_turn_sessions_run_turn_after_turn() {
     let o = simulate(
         &config(2, 1),
         &jobs,
-        Arrivals::Concurrency(4),
+        Load::Concurrency(4),
         &Router::named("kvgate").unwrap(),
     )
     .unwrap();
@@ -133,13 +127,7 @@ fn closed_loop_and_multi_turn_sessions_run_turn_after_turn() {
 #[test]
 fn a_fleet_without_replicas_is_refused() {
     let jobs = shared_prefix().jobs(1, 1).unwrap();
-    let e = simulate(
-        &config(0, 1),
-        &jobs,
-        Arrivals::Rate(1.0),
-        &Router::RoundRobin,
-    )
-    .unwrap_err();
+    let e = simulate(&config(0, 1), &jobs, Load::Rate(1.0), &Router::RoundRobin).unwrap_err();
     assert!(e.contains("at least one replica"), "{e}");
     assert!(Router::named("nope").unwrap_err().contains("known: kvgate"));
 }
@@ -151,7 +139,7 @@ fn a_prompt_over_the_context_length_fails_alone() {
     let o = simulate(
         &config(2, 1),
         &jobs,
-        Arrivals::Rate(10.0),
+        Load::Rate(10.0),
         &Router::named("kvgate").unwrap(),
     )
     .unwrap();
@@ -171,7 +159,7 @@ fn least_load_spreads_requests_evenly() {
     let o = simulate(
         &config(4, 1),
         &jobs,
-        Arrivals::Concurrency(8),
+        Load::Concurrency(8),
         &Router::named("least-load").unwrap(),
     )
     .unwrap();
@@ -191,7 +179,7 @@ fn a_job_without_turns_ends_at_once() {
     let o = simulate(
         &config(1, 1),
         &jobs,
-        Arrivals::Concurrency(1),
+        Load::Concurrency(1),
         &Router::RoundRobin,
     )
     .unwrap();
