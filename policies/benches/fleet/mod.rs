@@ -44,26 +44,9 @@ pub fn token_prompt(i: usize) -> RequestFeatures {
 /// Token mode: each prompt's blocks held by one replica, as its KV-event snapshot says.
 pub fn setup_precise(replicas: u32) -> (Policy, Vec<ReplicaView>, Vec<RequestFeatures>) {
     let mut policy = members(replicas, PolicyConfig::default());
-    let prompts: Vec<RequestFeatures> = (0..INDEXED_BLOCKS / BLOCKS_PER_PROMPT)
-        .map(token_prompt)
-        .collect();
-    let mut held: Vec<Vec<u64>> = vec![Vec::new(); replicas as usize];
-    for (i, p) in prompts.iter().enumerate() {
-        held[i % replicas as usize].extend(&p.block_hashes);
-    }
-    for (r, hashes) in held.into_iter().enumerate() {
-        let snapshot = KvSnapshot {
-            version: KV_EVENTS_VERSION,
-            seq: 0,
-            block_size: 16,
-            hashes,
-            host_hashes: Vec::new(),
-        };
-        let update = KvUpdate {
-            snapshot: Some(snapshot),
-            batches: Vec::new(),
-        };
-        policy.apply_kv(ReplicaId(r as u32), &update);
+    let (prompts, updates) = token_prompts_held(replicas);
+    for (r, update) in updates.iter().enumerate() {
+        policy.apply_kv(ReplicaId(r as u32), update);
     }
     (policy, fleet(replicas), prompts)
 }
@@ -87,6 +70,16 @@ pub fn setup_fleet_state(replicas: u32) -> (FleetState, Vec<RequestFeatures>) {
             })
             .collect(),
     );
+    let (prompts, updates) = token_prompts_held(replicas);
+    for (r, update) in updates.iter().enumerate() {
+        fleet.kv_events(ReplicaId(r as u32), update);
+    }
+    (fleet, prompts)
+}
+
+/// The indexed prompts, and each replica's KV-event snapshot holding every `replicas`-th
+/// prompt's blocks.
+fn token_prompts_held(replicas: u32) -> (Vec<RequestFeatures>, Vec<KvUpdate>) {
     let prompts: Vec<RequestFeatures> = (0..INDEXED_BLOCKS / BLOCKS_PER_PROMPT)
         .map(token_prompt)
         .collect();
@@ -94,8 +87,9 @@ pub fn setup_fleet_state(replicas: u32) -> (FleetState, Vec<RequestFeatures>) {
     for (i, p) in prompts.iter().enumerate() {
         held[i % replicas as usize].extend(&p.block_hashes);
     }
-    for (r, hashes) in held.into_iter().enumerate() {
-        let update = KvUpdate {
+    let updates = held
+        .into_iter()
+        .map(|hashes| KvUpdate {
             snapshot: Some(KvSnapshot {
                 version: KV_EVENTS_VERSION,
                 seq: 0,
@@ -104,10 +98,9 @@ pub fn setup_fleet_state(replicas: u32) -> (FleetState, Vec<RequestFeatures>) {
                 host_hashes: Vec::new(),
             }),
             batches: Vec::new(),
-        };
-        fleet.kv_events(ReplicaId(r as u32), &update);
-    }
-    (fleet, prompts)
+        })
+        .collect();
+    (prompts, updates)
 }
 
 fn name(i: u32) -> String {
