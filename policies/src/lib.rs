@@ -11,6 +11,7 @@ mod lru;
 mod precise_index;
 mod prefill;
 mod prefix_index;
+mod replica_state;
 mod ring;
 mod select;
 mod sessions;
@@ -19,11 +20,11 @@ mod signal;
 pub use config::{PolicyConfig, Weights};
 pub use fleet::{FleetView, ReplicaId, ReplicaView, RequestFeatures};
 pub use fleet_state::{
-    AgentState, Ask, Ejection, FailureOutcome, FleetState, Freshness, NoRoute, ReplicaSpec,
-    ReplicaState, ReportAges, ReportOutcome, RequestId,
+    Ask, Ejection, FailureOutcome, FleetState, NoRoute, ReportOutcome, RequestId,
 };
 pub use precise_index::{Applied, PreciseIndex};
 pub use prefix_index::ApproxPrefixIndex;
+pub use replica_state::{AgentState, Freshness, ReplicaSpec, ReplicaState, ReportAges};
 pub use ring::HashRing;
 pub use select::{Candidate, Decision, Policy};
 pub use signal::{BySignal, Signal};
