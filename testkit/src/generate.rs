@@ -2,11 +2,10 @@
 //! so a test knows the right content whichever worker served it.
 
 pub use kvgate_protocol::openai::Endpoint;
-use kvgate_protocol::openai::{
-    AssistantMessage, ChatChoice, ChatDelta, ChatMessage, CompletionChoice, GenerationRequest,
-    Prompt, Usage,
+use kvgate_protocol::openai::{ChatMessage, GenerationRequest, Prompt, Usage};
+use kvgate_protocol::responses::{
+    AssistantMessage, ChatChoice, ChatDelta, CompletionChoice, Responder,
 };
-use kvgate_protocol::responses::Responder;
 use kvgate_protocol::ApiError;
 
 /// One request's planned output.

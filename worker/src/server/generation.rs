@@ -6,11 +6,11 @@ use super::metrics::Metrics;
 use crate::engine::TokenOutput;
 use crate::model::ModelFile;
 use crate::request::{FinishReason, SamplingParams};
-use kvgate_protocol::openai::{
+use kvgate_protocol::openai::{Endpoint, GenerationRequest, MessageContent, Usage, SSE_DONE};
+use kvgate_protocol::responses::{
     AssistantMessage, ChatChoice, ChatDelta, ChatLogprobs, ChatTokenLogprob, CompletionChoice,
-    CompletionLogprobs, Endpoint, GenerationRequest, MessageContent, TopLogprob, Usage, SSE_DONE,
+    CompletionLogprobs, Responder, TopLogprob,
 };
-use kvgate_protocol::responses::Responder;
 use kvgate_protocol::{ApiError, ErrorKind};
 use std::time::Instant;
 
