@@ -55,21 +55,11 @@ fn check_listen(what: &'static str, addr: &str) -> Result<(), StartError> {
         })
 }
 
-/// Validates a config file: every error, or nothing.
-/// A config that passed `check-config`, and its warnings (deprecated keys).
-pub struct Checked {
-    pub config: GatewayConfig,
-    pub warnings: Vec<String>,
-}
-
-pub fn check_config(path: &Path) -> Result<Checked, Vec<ConfigError>> {
-    let config = config::load_file(path)?;
-    tokenizers::load(&config, &Default::default())?;
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    Ok(Checked {
-        config,
-        warnings: config::deprecations(&text),
-    })
+/// Validates a config file, its tokenizers too: every error, or the config and its warnings.
+pub fn check_config(path: &Path) -> Result<config::Loaded, Vec<ConfigError>> {
+    let loaded = config::load_file(path)?;
+    tokenizers::load(&loaded.config, &Default::default())?;
+    Ok(loaded)
 }
 
 /// How the gateway starts.

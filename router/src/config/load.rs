@@ -22,8 +22,14 @@ impl fmt::Display for ConfigError {
     }
 }
 
-/// Reads, parses and validates a config file.
-pub fn load_file(path: &Path) -> Result<GatewayConfig, Vec<ConfigError>> {
+/// A config file, read, parsed and validated, with its warnings (deprecated keys).
+pub struct Loaded {
+    pub config: GatewayConfig,
+    pub warnings: Vec<String>,
+}
+
+/// Reads, parses and validates a config file (once).
+pub fn load_file(path: &Path) -> Result<Loaded, Vec<ConfigError>> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         vec![ConfigError {
             path: ".".into(),
@@ -31,24 +37,26 @@ pub fn load_file(path: &Path) -> Result<GatewayConfig, Vec<ConfigError>> {
             message: format!("cannot read {}: {e}", path.display()),
         }]
     })?;
-    parse_str(&text)
+    Ok(Loaded {
+        config: parse_str(&text)?,
+        warnings: deprecations(&text),
+    })
 }
 
-/// [`load_file`], logging its warnings (deprecated keys).
+/// [`load_file`], its warnings logged.
 pub fn load_file_warning(path: &Path) -> Result<GatewayConfig, Vec<ConfigError>> {
-    let config = load_file(path)?;
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    for warning in deprecations(&text) {
+    let loaded = load_file(path)?;
+    for warning in &loaded.warnings {
         tracing::warn!("{}: {warning}", path.display());
     }
-    Ok(config)
+    Ok(loaded.config)
 }
 
 /// Keys still read under an old name: (path, its name now).
 const RENAMED: [(&str, &str, &str); 1] = [("policy", "speculative_ttl_ms", "assumed_ttl_ms")];
 
 /// Warnings about deprecated keys in config text (which is otherwise valid).
-pub fn deprecations(text: &str) -> Vec<String> {
+fn deprecations(text: &str) -> Vec<String> {
     let Ok(value) = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(text) else {
         return Vec::new();
     };

@@ -4,7 +4,7 @@
 mod load;
 mod validate;
 
-pub use load::{deprecations, load_file, load_file_warning, parse_str, preset, ConfigError};
+pub use load::{load_file, load_file_warning, parse_str, preset, ConfigError, Loaded};
 pub use validate::{resolve_url, Upstream};
 
 use kvgate_policies::PolicyConfig;
