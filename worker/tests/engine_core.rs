@@ -400,3 +400,37 @@ fn the_priority_policy_admits_urgent_requests_first() {
     }
     assert_eq!(order, vec![2, 1, 3]);
 }
+
+/// Every token a drained engine produces, in order, with its request.
+fn drain(e: &mut Engine<SimBackend>) -> Vec<(u64, u32)> {
+    let mut tokens = Vec::new();
+    while e.has_work() {
+        tokens.extend(e.step().unwrap().tokens.iter().map(|t| (t.id, t.token)));
+        e.check_kv().unwrap();
+    }
+    tokens
+}
+
+#[test]
+fn a_fork_steps_on_its_own_and_as_the_original_would() {
+    // Tight KV so that the run evicts and preempts; a shared prefix so that blocks are shared.
+    let mut e = engine(40, 64, 512);
+    let shared: Vec<u32> = (100..164).collect();
+    for id in 0..6u64 {
+        let mut prompt = shared.clone();
+        prompt.extend((0..20).map(|t| 1_000 + 37 * id as u32 + t));
+        e.add_request(request(id, prompt, 24)).unwrap();
+    }
+    for _ in 0..5 {
+        e.step().unwrap();
+    }
+    let before = e.stats();
+    let mut fork = e.fork();
+    fork.check_kv().unwrap();
+    let from_fork = drain(&mut fork);
+    // The original did not move, and its pool is its own.
+    assert_eq!(e.stats(), before);
+    e.check_kv().unwrap();
+    assert_eq!(drain(&mut e), from_fork);
+    assert!(!from_fork.is_empty());
+}

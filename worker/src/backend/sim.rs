@@ -9,6 +9,7 @@ use crate::sample::TokenLogprobs;
 use std::time::Duration;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
+#[derive(Clone)]
 pub struct SimBackend {
     profile: Profile,
     /// Tokens are drawn from `first_token..vocab_size` (skipping control tokens).

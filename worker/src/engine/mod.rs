@@ -118,6 +118,44 @@ impl<B: Backend> Engine<B> {
         })
     }
 
+    /// An independent copy, down to its KV pool and every request's block table: to look
+    /// ahead (step the copy) without touching the original.
+    pub fn fork(&self) -> Engine<B>
+    where
+        B: Clone,
+    {
+        let kv = self.kv.fork();
+        let requests = self
+            .requests
+            .iter()
+            .map(|(&id, r)| {
+                let copy = Request {
+                    id: r.id,
+                    tokens: r.tokens.clone(),
+                    num_prompt_tokens: r.num_prompt_tokens,
+                    params: r.params.clone(),
+                    priority: r.priority,
+                    arrival: r.arrival,
+                    num_computed_tokens: r.num_computed_tokens,
+                    num_cached_tokens: r.num_cached_tokens,
+                    block_hashes: r.block_hashes.clone(),
+                    kv: kv.adopt(&r.kv),
+                    preemptions: r.preemptions,
+                };
+                (id, copy)
+            })
+            .collect();
+        Engine {
+            config: self.config.clone(),
+            backend: self.backend.clone(),
+            kv,
+            sched: self.sched.clone(),
+            requests,
+            arrivals: self.arrivals,
+            stats: self.stats.clone(),
+        }
+    }
+
     pub fn config(&self) -> &EngineConfig {
         &self.config
     }

@@ -57,6 +57,27 @@ impl KvManager {
         }
     }
 
+    /// A copy with a pool of its own, and `blocks` re-pointed at it: a request's table in this
+    /// manager's pool becomes the same table in the copy's.
+    pub fn fork(&self) -> KvManager {
+        KvManager {
+            pool: Rc::new(RefCell::new(self.pool.borrow().clone())),
+            block_size: self.block_size,
+            seed: self.seed,
+            prefix_caching: self.prefix_caching,
+        }
+    }
+
+    /// `blocks` (a table in another manager's pool that this one was forked from) in this
+    /// manager's pool. The copied pool already counts the references.
+    pub fn adopt(&self, blocks: &KvBlocks) -> KvBlocks {
+        KvBlocks {
+            pool: Rc::clone(&self.pool),
+            ids: blocks.ids.clone(),
+            num_cached: blocks.num_cached,
+        }
+    }
+
     pub fn block_size(&self) -> usize {
         self.block_size
     }

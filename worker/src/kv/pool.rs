@@ -23,7 +23,7 @@ struct Block {
     free: bool,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct BlockPool {
     blocks: Vec<Block>,
     head: u32,

@@ -70,7 +70,7 @@ impl StepPlan {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Scheduler {
     pub config: SchedulerConfig,
     waiting: VecDeque<RequestId>,
