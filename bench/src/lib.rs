@@ -5,7 +5,7 @@
 //! `requests.csv` and SVG plots, every one labelled.
 
 mod client;
-mod plot;
+pub mod plot;
 mod record;
 mod report;
 mod rng;

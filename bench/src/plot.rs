@@ -156,3 +156,32 @@ pub fn over_time(records: &[RequestRecord]) -> String {
     );
     f.finish()
 }
+
+/// Colours of the lines of [`lines`], in order.
+const COLOURS: [&str; 8] = [
+    "steelblue",
+    "darkorange",
+    "seagreen",
+    "crimson",
+    "purple",
+    "saddlebrown",
+    "deeppink",
+    "gray",
+];
+
+/// Up to eight named series of (x, y) points as lines on one plot.
+pub fn lines(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+) -> String {
+    let points = || series.iter().flat_map(|(_, p)| p.iter());
+    let x_max = points().map(|p| p.0).fold(0.0, f64::max);
+    let y_max = points().map(|p| p.1).fold(0.0, f64::max);
+    let mut f = Frame::new(title, x_label, y_label, x_max, y_max);
+    for (slot, ((label, points), colour)) in series.iter().zip(COLOURS).enumerate() {
+        f.line(points, colour, label, slot);
+    }
+    f.finish()
+}
