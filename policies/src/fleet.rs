@@ -80,4 +80,12 @@ impl RequestFeatures {
             ..RequestFeatures::default()
         }
     }
+
+    /// The key of a session id (`x-session-id`, else the request's `user`), seeded by the
+    /// model so that one id in two models is two sessions. The gateway and the simulator both
+    /// hash it here.
+    pub fn session_key(model: &str, id: &[u8]) -> u64 {
+        let seed = kvgate_protocol::HashSeed::new(model, None, "session");
+        xxhash_rust::xxh3::xxh3_64_with_seed(id, seed.0)
+    }
 }

@@ -28,15 +28,19 @@ pub struct Loaded {
     pub warnings: Vec<String>,
 }
 
-/// Reads, parses and validates a config file (once).
-pub fn load_file(path: &Path) -> Result<Loaded, Vec<ConfigError>> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
+fn read(path: &Path) -> Result<String, Vec<ConfigError>> {
+    std::fs::read_to_string(path).map_err(|e| {
         vec![ConfigError {
             path: ".".into(),
             line: None,
             message: format!("cannot read {}: {e}", path.display()),
         }]
-    })?;
+    })
+}
+
+/// Reads, parses and validates a config file (once).
+pub fn load_file(path: &Path) -> Result<Loaded, Vec<ConfigError>> {
+    let text = read(path)?;
     Ok(Loaded {
         config: parse_str(&text)?,
         warnings: deprecations(&text),
@@ -93,6 +97,85 @@ pub fn preset(name: &str) -> Result<kvgate_policies::PolicyConfig, String> {
         .find(|(n, _)| *n == name)
         .ok_or_else(|| format!("unknown preset `{name}` (known: {})", known.join(", ")))?;
     serde_yaml_ng::from_str(text).map_err(|e| format!("preset {name}: {e}"))
+}
+
+/// A policy file (`kvgate sim --policy FILE`): a gateway config, of which only `policy:` is
+/// read, or that section alone at the top level. Presets, defaults and checks are the gateway
+/// config's; errors name the path as `check-config` does (`policy.load_factor`).
+pub fn load_policy_file(path: &Path) -> Result<kvgate_policies::PolicyConfig, Vec<ConfigError>> {
+    parse_policy_str(&read(path)?)
+}
+
+/// [`load_policy_file`] from its text.
+pub fn parse_policy_str(text: &str) -> Result<kvgate_policies::PolicyConfig, Vec<ConfigError>> {
+    use serde_yaml_ng::{Deserializer, Value};
+    #[derive(serde::Deserialize)]
+    struct Section {
+        #[serde(default)]
+        policy: kvgate_policies::PolicyConfig,
+    }
+    check_shape(text)?;
+    let value: Value = serde_yaml_ng::from_str(text).map_err(|e| {
+        vec![ConfigError {
+            path: ".".into(),
+            line: e.location().map(|l| l.line()),
+            message: e.to_string(),
+        }]
+    })?;
+    if !value.is_mapping() {
+        return Err(vec![ConfigError {
+            path: ".".into(),
+            line: None,
+            message: "a policy file is a mapping: a gateway config with `policy:`, or the policy's fields".into(),
+        }]);
+    }
+    let nested = value.get("policy").is_some();
+    let section = if nested {
+        value.get("policy")
+    } else {
+        Some(&value)
+    };
+    let policy = match section.and_then(|p| p.get("preset")).cloned() {
+        None if nested => deserialize::<_, Section>(Deserializer::from_str(text))?.policy,
+        None => deserialize(Deserializer::from_str(text)).map_err(|errors| {
+            errors
+                .into_iter()
+                .map(|e| ConfigError {
+                    path: match e.path.as_str() {
+                        "." => "policy".into(),
+                        p => format!("policy.{p}"),
+                    },
+                    ..e
+                })
+                .collect::<Vec<_>>()
+        })?,
+        Some(name) => {
+            let wrapped;
+            let text = if nested {
+                text
+            } else {
+                let mut top = serde_yaml_ng::Mapping::new();
+                top.insert("policy".into(), value.clone());
+                wrapped = serde_yaml_ng::to_string(&top).unwrap_or_default();
+                &wrapped
+            };
+            deserialize::<_, Section>(with_preset(text, &name)?)?.policy
+        }
+    };
+    let errors: Vec<ConfigError> = policy
+        .validate()
+        .into_iter()
+        .map(|(path, message)| ConfigError {
+            path: format!("policy.{path}"),
+            line: None,
+            message,
+        })
+        .collect();
+    if errors.is_empty() {
+        Ok(policy)
+    } else {
+        Err(errors)
+    }
 }
 
 /// Largest config accepted, in bytes.
@@ -228,9 +311,10 @@ fn with_preset(
 }
 
 /// Deserializes a config; an error names its YAML path (and line, when read from text).
-fn deserialize<'de, D>(deserializer: D) -> Result<GatewayConfig, Vec<ConfigError>>
+fn deserialize<'de, D, T>(deserializer: D) -> Result<T, Vec<ConfigError>>
 where
     D: serde::Deserializer<'de, Error = serde_yaml_ng::Error>,
+    T: serde::Deserialize<'de>,
 {
     serde_path_to_error::deserialize(deserializer).map_err(|e| {
         let path = match e.path().to_string() {
@@ -257,6 +341,43 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_policy_file_is_a_gateway_config_or_its_policy_alone() {
+        let alone = parse_policy_str("preset: cache-first\nload_factor: 2.0\n").unwrap();
+        assert_eq!((alone.load_factor, alone.imbalance_factor), (2.0, 3.0));
+        let nested = parse_policy_str(
+            "listen: \"127.0.0.1:8080\"\npolicy:\n  load_factor: 1.7\n  weights: {prefix: 9}\n",
+        )
+        .unwrap();
+        assert_eq!(nested.load_factor, 1.7);
+        assert_eq!(nested.weights, {
+            let mut w = kvgate_policies::PolicyConfig::default().weights;
+            w.0[kvgate_policies::Signal::Prefix] = 9.0;
+            w
+        });
+        assert_eq!(
+            parse_policy_str("load_factor: 1.7\n").unwrap(),
+            parse_policy_str("policy: {load_factor: 1.7}\n").unwrap()
+        );
+    }
+
+    #[test]
+    fn a_policy_file_error_names_its_yaml_path() {
+        let at = |text: &str| {
+            let e = parse_policy_str(text).unwrap_err();
+            (e[0].path.clone(), e[0].line)
+        };
+        assert_eq!(
+            at("load_factor: 1.5\nweights: {prefx: 1}\n"),
+            ("policy.weights".into(), Some(2))
+        );
+        assert_eq!(at("policy:\n  load_factor: fast\n").0, "policy.load_factor");
+        assert_eq!(at("preset: fastest\n").0, "policy.preset");
+        assert_eq!(at("load_factor: 0.5\n").0, "policy.load_factor");
+        assert_eq!(at("- 1\n").0, ".");
+        assert_eq!(at("load_factor: [\n").0, ".");
+    }
 
     #[test]
     fn presets_lay_under_what_the_config_sets() {

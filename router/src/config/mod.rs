@@ -4,7 +4,10 @@
 mod load;
 mod validate;
 
-pub use load::{load_file, load_file_warning, parse_str, preset, ConfigError, Loaded};
+pub use load::{
+    load_file, load_file_warning, load_policy_file, parse_policy_str, parse_str, preset,
+    ConfigError, Loaded,
+};
 pub use validate::{resolve_url, Upstream};
 
 use kvgate_policies::PolicyConfig;

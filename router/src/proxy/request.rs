@@ -37,7 +37,7 @@ pub fn parse(
         .session_header
         .filter(|h| !h.is_empty())
         .or(request.user.as_deref().map(str::as_bytes))
-        .map(|key| xxh3_64_with_seed(key, HashSeed::new(&request.model, None, "session").0));
+        .map(|key| RequestFeatures::session_key(&request.model, key));
     let features = match cx.tokenizers.get(&request.model) {
         Some(mode) => token_features(mode, endpoint, &request, cx.policy)?,
         None => features(&request.model, &text_of(endpoint, &request), cx.policy),
