@@ -1,11 +1,13 @@
 //! The event loop: arrivals, engine steps, agents' reports and their delivery, in virtual
 //! microseconds.
 
-use crate::peers::{CacheAware, ConsistentHash};
+use crate::gateway::{Gateway, Incoming, Served};
+use crate::oracle;
 use crate::routers::Router;
+use crate::timeline::{ReplicaSample, Timeline};
 use crate::tokens;
 use kvgate_bench::{Job, Load, RequestRecord};
-use kvgate_policies::{Ask, FleetState, ReplicaId, ReplicaSpec, ReportAges, RequestFeatures};
+use kvgate_policies::{ReplicaId, ReplicaSpec, ReportAges};
 use kvgate_protocol::kv_events::{KvEventBatch, KvSnapshot, KV_EVENTS_VERSION};
 use kvgate_protocol::telemetry::{EngineLoad, KvUpdate, TelemetryReport, TELEMETRY_VERSION};
 use kvgate_protocol::HashSeed;
@@ -31,6 +33,37 @@ pub struct SimConfig {
     pub model: String,
     /// Seeds the open-loop start times, as `kvgate bench --seed` does.
     pub seed: u64,
+    /// The first requests sent, marked warm-up (left out of the summary), as `kvgate bench
+    /// --warmup` does.
+    pub warmup: usize,
+    /// Each modelled step takes this many times longer, as with `kvgate worker --time-scale`
+    /// (to compare with a slowed real fleet: every time in the run, the gateways' clocks
+    /// included, is then in its units).
+    pub time_scale: f64,
+    /// Time a request takes from its client through the gateway to its replica, outside the
+    /// engines (a gateway's own latency, the network): in every TTFT and, in a closed loop,
+    /// in every turn.
+    pub gateway_delay_us: u64,
+    /// Plus a uniform draw in `[0, gateway_jitter_us)` per request, from `jitter_seed`: the
+    /// timing noise of real processes, so that seeds of it give a run's spread.
+    pub gateway_jitter_us: u64,
+    /// A turn's answer comes back in the next turn as the tokens the engine generated (true:
+    /// a real model's text re-tokenizes to them), or as other tokens (false: the sim worker's
+    /// random tokens do not survive detokenizing and tokenizing again, so only the previous
+    /// prompt is reused).
+    pub answers_round_trip: bool,
+    pub jitter_seed: u64,
+    /// How often each replica's load and KV use is sampled for the timeline (0: never).
+    pub sample_interval_ms: u64,
+}
+
+/// How far a run has got, for progress bars.
+#[derive(Debug, Clone, Copy)]
+pub struct Progress {
+    pub jobs_done: usize,
+    pub jobs: usize,
+    pub simulated_s: f64,
+    pub events: u64,
 }
 
 /// What a run produced.
@@ -40,6 +73,8 @@ pub struct Outcome {
     pub records: Vec<RequestRecord>,
     pub simulated_s: f64,
     pub events: u64,
+    /// Each replica's load and KV use over time.
+    pub timeline: Timeline,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -47,6 +82,10 @@ enum Event {
     /// A job's turn is sent.
     Send {
         job: usize,
+    },
+    /// A request routed at `Send` reaches its replica.
+    Arrive {
+        id: u64,
     },
     StepDone {
         replica: usize,
@@ -57,6 +96,8 @@ enum Event {
     /// The oldest report in flight reaches the gateways (every report takes the same delay,
     /// so they arrive in the order they were sent).
     Deliver,
+    /// Every replica's load and KV use is recorded.
+    Sample,
 }
 
 struct Replica {
@@ -64,6 +105,7 @@ struct Replica {
     engine: Engine<SimBackend>,
     /// The step under way: its results count when it ends.
     step: Option<StepOutput>,
+    busy_until_us: u64,
     /// KV-event batches since the last report, and the last one's sequence number.
     batches: Vec<KvEventBatch>,
     seq: u64,
@@ -73,7 +115,7 @@ struct Replica {
 }
 
 /// A job's progress: its turns so far, as token ids (each turn's prompt and answer).
-struct Progress {
+struct JobProgress {
     history: Vec<u32>,
     turn: usize,
 }
@@ -85,6 +127,7 @@ struct Sent {
     sent_us: u64,
     first_us: Option<u64>,
     prompt: Vec<u32>,
+    max_tokens: u32,
     output: Vec<u32>,
 }
 
@@ -92,19 +135,13 @@ struct Sim<'a> {
     config: &'a SimConfig,
     jobs: &'a [Job],
     load: Load,
-    router: &'a Router,
-    seed: HashSeed,
+    served: Served,
     now_us: u64,
     queue: BinaryHeap<Reverse<(u64, u64, Event)>>,
     pushed: u64,
     replicas: Vec<Replica>,
-    gateways: Vec<FleetState>,
-    /// Requests each gateway has in flight on each replica (for the peers' routers).
-    in_flight: Vec<Vec<u32>>,
-    /// Each gateway's SGLang trees, for that router.
-    cache_aware: Vec<CacheAware>,
-    consistent_hash: ConsistentHash,
-    progress: Vec<Progress>,
+    gateways: Vec<Gateway>,
+    progress: Vec<JobProgress>,
     sent: HashMap<u64, Sent>,
     /// Reports sent and not yet delivered, oldest first.
     reports_in_flight: VecDeque<(usize, TelemetryReport, KvUpdate)>,
@@ -112,7 +149,11 @@ struct Sim<'a> {
     next_job: usize,
     jobs_done: usize,
     records: Vec<RequestRecord>,
+    timeline: Timeline,
 }
+
+/// How many events pass between two calls of the progress callback.
+const PROGRESS_EVERY: u64 = 1 << 16;
 
 /// Runs `jobs` through a fleet routed by `router`.
 pub fn simulate(
@@ -121,15 +162,27 @@ pub fn simulate(
     load: Load,
     router: &Router,
 ) -> Result<Outcome, String> {
+    simulate_with_progress(config, jobs, load, router, &mut |_| {})
+}
+
+/// [`simulate`], calling `progress` now and then.
+pub fn simulate_with_progress(
+    config: &SimConfig,
+    jobs: &[Job],
+    load: Load,
+    router: &Router,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Outcome, String> {
     if config.replicas == 0 || config.gateways == 0 {
         return Err("a fleet needs at least one replica and one gateway".into());
     }
     let mut sim = Sim::new(config, jobs, load, router)?;
-    sim.run()?;
+    sim.run(progress)?;
     Ok(Outcome {
         records: sim.records,
         simulated_s: sim.now_us as f64 / 1e6,
         events: sim.pushed,
+        timeline: sim.timeline,
     })
 }
 
@@ -138,26 +191,28 @@ impl<'a> Sim<'a> {
         config: &'a SimConfig,
         jobs: &'a [Job],
         load: Load,
-        router: &'a Router,
+        router: &Router,
     ) -> Result<Self, String> {
         let seed = HashSeed::new(&config.model, None, "");
+        let engine_config = EngineConfig {
+            block_size: config.block_size,
+            num_blocks: config.num_blocks,
+            max_model_len: config.max_model_len,
+            prefix_caching: true,
+            scheduler: Default::default(),
+            hash_seed: seed,
+            eos_token_ids: Vec::new(),
+        };
         let replicas = (0..config.replicas)
             .map(|i| {
-                let engine_config = EngineConfig {
-                    block_size: config.block_size,
-                    num_blocks: config.num_blocks,
-                    max_model_len: config.max_model_len,
-                    prefix_caching: true,
-                    scheduler: Default::default(),
-                    hash_seed: seed,
-                    eos_token_ids: Vec::new(),
-                };
                 let backend = SimBackend::new(config.profile.clone(), 1_000, 49_152);
-                let engine = Engine::new(engine_config, backend).map_err(|e| e.to_string())?;
+                let engine =
+                    Engine::new(engine_config.clone(), backend).map_err(|e| e.to_string())?;
                 Ok(Replica {
                     name: format!("sim-{i}"),
                     engine,
                     step: None,
+                    busy_until_us: 0,
                     batches: Vec::new(),
                     seq: 0,
                     reports: 0,
@@ -183,36 +238,28 @@ impl<'a> Sim<'a> {
                 (ReplicaId(i as u32), spec)
             })
             .collect();
-        let policy = match router {
-            Router::Kvgate(policy) => policy.clone(),
-            _ => Default::default(),
+        let served = Served {
+            model: config.model.clone(),
+            seed,
+            block_size: config.block_size,
         };
         let gateways = (0..config.gateways)
-            .map(|_| {
-                let mut fleet = FleetState::new(policy.clone(), Some(ages));
-                fleet.set_replicas(specs.clone());
-                fleet
-            })
+            .map(|_| Gateway::new(router, &specs, ages, &served))
             .collect();
         Ok(Sim {
             config,
             jobs,
             load,
-            router,
-            seed,
+            served,
             now_us: 0,
             queue: BinaryHeap::new(),
             pushed: 0,
-            in_flight: vec![vec![0; replicas.len()]; config.gateways],
-            cache_aware: vec![CacheAware::new(replicas.len()); config.gateways],
-            consistent_hash: ConsistentHash::new(
-                &replicas.iter().map(|r| r.name.clone()).collect::<Vec<_>>(),
-            ),
+            timeline: Timeline::new(replicas.iter().map(|r| r.name.clone()).collect()),
             replicas,
             gateways,
             progress: jobs
                 .iter()
-                .map(|_| Progress {
+                .map(|_| JobProgress {
                     history: Vec::new(),
                     turn: 0,
                 })
@@ -231,7 +278,7 @@ impl<'a> Sim<'a> {
         self.queue.push(Reverse((at_us, self.pushed, event)));
     }
 
-    fn run(&mut self) -> Result<(), String> {
+    fn run(&mut self, progress: &mut dyn FnMut(Progress)) -> Result<(), String> {
         self.schedule_arrivals();
         let interval_us = self.config.report_interval_ms.max(1) * 1_000;
         let n = self.replicas.len() as u64;
@@ -239,21 +286,44 @@ impl<'a> Sim<'a> {
             // Agents report out of step with one another.
             self.push(interval_us * r as u64 / n, Event::Report { replica: r });
         }
+        if self.config.sample_interval_ms > 0 {
+            self.push(0, Event::Sample);
+        }
+        let mut popped = 0u64;
         while let Some(Reverse((at, _, event))) = self.queue.pop() {
             self.now_us = at;
+            popped += 1;
+            if popped.is_multiple_of(PROGRESS_EVERY) {
+                progress(self.progress_now());
+            }
+            let running = self.jobs_done < self.jobs.len();
             match event {
                 Event::Send { job } => self.send(job)?,
+                Event::Arrive { id } => self.arrive(id)?,
                 Event::StepDone { replica } => self.step_done(replica)?,
-                Event::Report { replica } => {
-                    if self.jobs_done < self.jobs.len() {
-                        self.report(replica);
-                        self.push(at + interval_us, Event::Report { replica });
-                    }
+                Event::Report { replica } if running => {
+                    self.report(replica);
+                    self.push(at + interval_us, Event::Report { replica });
                 }
                 Event::Deliver => self.deliver(),
+                Event::Sample if running => {
+                    self.sample();
+                    self.push(at + self.config.sample_interval_ms * 1_000, Event::Sample);
+                }
+                Event::Report { .. } | Event::Sample => {}
             }
         }
+        progress(self.progress_now());
         Ok(())
+    }
+
+    fn progress_now(&self) -> Progress {
+        Progress {
+            jobs_done: self.jobs_done,
+            jobs: self.jobs.len(),
+            simulated_s: self.now_us as f64 / 1e6,
+            events: self.pushed,
+        }
     }
 
     /// Open loop: every job at its start time, as `kvgate bench` would send it; closed loop:
@@ -305,25 +375,24 @@ impl<'a> Sim<'a> {
         let id = self.next_request;
         self.next_request += 1;
         let gateway = job % self.gateways.len();
-        let replica = self.route(gateway, id, job, &prompt);
-        self.in_flight[gateway][replica] += 1;
-        let new = NewRequest {
+        let incoming = Incoming {
             id,
-            prompt: prompt.clone(),
-            params: SamplingParams {
-                max_tokens,
-                ignore_eos: true,
-                ..Default::default()
-            },
-            priority: 0,
+            prompt: &prompt,
+            job: spec,
+            now_us: self.now_us,
         };
-        if let Err(e) = self.replicas[replica].engine.add_request(new) {
-            // As a worker would answer: 400, and the job goes on.
-            self.gateways[gateway].finished(id);
-            self.in_flight[gateway][replica] -= 1;
-            self.refused(job, replica, prompt.len(), e.to_string());
-            return Ok(());
-        }
+        let (replicas, now_us, scale) = (&self.replicas, self.now_us, self.config.time_scale);
+        let first_tokens = || {
+            replicas
+                .iter()
+                .map(|r| {
+                    let busy_s = r.busy_until_us.saturating_sub(now_us) as f64 / 1e6 / scale;
+                    let new = new_request(id, &prompt, max_tokens);
+                    oracle::first_token_seconds(&r.engine, new, busy_s)
+                })
+                .collect()
+        };
+        let replica = self.gateways[gateway].route(&incoming, &self.served, &first_tokens);
         self.sent.insert(
             id,
             Sent {
@@ -333,76 +402,60 @@ impl<'a> Sim<'a> {
                 sent_us: self.now_us,
                 first_us: None,
                 prompt,
+                max_tokens,
                 output: Vec::new(),
             },
         );
+        match self.gateway_delay_us(id) {
+            0 => self.arrive(id),
+            delay => {
+                self.push(self.now_us + delay, Event::Arrive { id });
+                Ok(())
+            }
+        }
+    }
+
+    fn gateway_delay_us(&self, id: u64) -> u64 {
+        let c = self.config;
+        let jitter = match c.gateway_jitter_us {
+            0 => 0,
+            j => {
+                let bytes = [c.jitter_seed.to_le_bytes(), id.to_le_bytes()].concat();
+                xxhash_rust::xxh3::xxh3_64(&bytes) % j
+            }
+        };
+        c.gateway_delay_us + jitter
+    }
+
+    /// A request reaches its replica's engine.
+    fn arrive(&mut self, id: u64) -> Result<(), String> {
+        let Some(sent) = self.sent.get(&id) else {
+            return Ok(());
+        };
+        let replica = sent.replica;
+        let new = new_request(id, &sent.prompt, sent.max_tokens);
+        if let Err(e) = self.replicas[replica].engine.add_request(new) {
+            // As a worker would answer: 400, and the job goes on.
+            if let Some(sent) = self.sent.remove(&id) {
+                self.gateways[sent.gateway].finished(id, replica);
+                self.refused(id, &sent, e.to_string());
+            }
+            return Ok(());
+        }
         if self.replicas[replica].step.is_none() {
             self.start_step(replica)?;
         }
         Ok(())
     }
 
-    fn route(&mut self, gateway: usize, id: u64, job: usize, prompt: &[u32]) -> usize {
-        let n = self.replicas.len();
-        match self.router {
-            Router::RoundRobin => (id as usize / self.gateways.len()) % n,
-            Router::SglangCacheAware => {
-                let blocks =
-                    kvgate_protocol::block_hashes(self.seed, prompt, self.config.block_size);
-                self.cache_aware[gateway].choose(&blocks, &self.in_flight[gateway])
-            }
-            Router::VllmConsistentHash => {
-                let job = &self.jobs[job];
-                match job.session.as_ref().or(job.group.as_ref()) {
-                    Some(key) => self.consistent_hash.choose(key.as_bytes()),
-                    None => {
-                        let bytes: Vec<u8> = prompt.iter().flat_map(|t| t.to_le_bytes()).collect();
-                        self.consistent_hash.choose(&bytes)
-                    }
-                }
-            }
-            Router::LeastLoad => {
-                let load = &self.in_flight[gateway];
-                (0..n)
-                    .map(|k| (id as usize + k) % n)
-                    .min_by_key(|&r| load[r])
-                    .unwrap_or(0)
-            }
-            Router::Kvgate(policy) => {
-                let mut features = RequestFeatures::from_tokens(
-                    prompt,
-                    self.seed,
-                    self.config.block_size,
-                    policy.ring_key_chunks,
-                );
-                features.now_ms = self.now_us / 1_000;
-                features.session = self.jobs[job]
-                    .session
-                    .as_ref()
-                    .map(|s| xxhash_rust::xxh3::xxh3_64(s.as_bytes()));
-                if let Some(session) = features.session {
-                    features.ring_key = session;
-                }
-                let pool = BTreeMap::new();
-                let ask = Ask {
-                    model: &self.config.model,
-                    pool: &pool,
-                    features: &features,
-                };
-                self.gateways[gateway]
-                    .route(id, &ask, features.now_ms, 1)
-                    .map_or(id as usize % n, |d| d.ranked[0].replica.0 as usize)
-            }
-        }
-    }
-
     fn start_step(&mut self, replica: usize) -> Result<(), String> {
         let r = &mut self.replicas[replica];
         let out = r.engine.step().map_err(|e| e.to_string())?;
-        let took = out
-            .modelled_duration
-            .map_or(1, |d| (d.as_micros() as u64).max(1));
+        let took = out.modelled_duration.map_or(1, |d| {
+            (d.mul_f64(self.config.time_scale).as_micros() as u64).max(1)
+        });
         r.step = Some(out);
+        r.busy_until_us = self.now_us + took;
         self.push(self.now_us + took, Event::StepDone { replica });
         Ok(())
     }
@@ -415,17 +468,21 @@ impl<'a> Sim<'a> {
             let Some(sent) = self.sent.get_mut(&token.id) else {
                 continue;
             };
+            let gateway = &mut self.gateways[sent.gateway];
             if sent.first_us.is_none() {
                 sent.first_us = Some(self.now_us);
-                self.gateways[sent.gateway].first_token(token.id);
+                gateway.first_token(token.id);
             }
+            gateway.token(token.id);
             sent.output.push(token.token);
             if token.finished.is_some() {
                 self.finished(token.id, &token)?;
             }
         }
         let r = &mut self.replicas[replica];
-        let events = r.engine.take_kv_events();
+        // The step's own events, then any the engine produced since.
+        let mut events = out.kv_events;
+        events.extend(r.engine.take_kv_events());
         if !events.is_empty() {
             r.seq += 1;
             r.batches.push(KvEventBatch {
@@ -441,24 +498,24 @@ impl<'a> Sim<'a> {
     }
 
     /// A request the engine refused (a prompt over the context length).
-    fn refused(&mut self, job: usize, replica: usize, prompt_tokens: usize, error: String) {
+    fn refused(&mut self, id: u64, sent: &Sent, error: String) {
         self.records.push(RequestRecord {
-            index: self.records.len(),
-            warmup: false,
-            start_s: self.now_us as f64 / 1e6,
+            index: id as usize,
+            warmup: (id as usize) < self.config.warmup,
+            start_s: sent.sent_us as f64 / 1e6,
             status: 400,
             ttft_s: None,
-            e2e_s: 0.0,
+            e2e_s: (self.now_us - sent.sent_us) as f64 / 1e6,
             itl_s: Vec::new(),
-            prompt_tokens: Some(prompt_tokens as u64),
+            prompt_tokens: Some(sent.prompt.len() as u64),
             output_tokens: None,
             cached_tokens: None,
-            replica: Some(self.replicas[replica].name.clone()),
-            group: self.jobs[job].group.clone(),
+            replica: Some(self.replicas[sent.replica].name.clone()),
+            group: self.jobs[sent.job].group.clone(),
             route: None,
             error: Some(error),
         });
-        self.next_turn(job);
+        self.next_turn(sent.job);
     }
 
     /// The job's turn ended: its next turn goes out, or the job is done.
@@ -479,13 +536,12 @@ impl<'a> Sim<'a> {
         let Some(sent) = self.sent.remove(&id) else {
             return Ok(());
         };
-        self.gateways[sent.gateway].finished(id);
-        self.in_flight[sent.gateway][sent.replica] -= 1;
+        self.gateways[sent.gateway].finished(id, sent.replica);
         let at = |us: u64| us as f64 / 1e6;
         let spec = &self.jobs[sent.job];
         self.records.push(RequestRecord {
-            index: self.records.len(),
-            warmup: false,
+            index: id as usize,
+            warmup: (id as usize) < self.config.warmup,
             start_s: at(sent.sent_us),
             status: 200,
             ttft_s: sent.first_us.map(|f| at(f - sent.sent_us)),
@@ -501,7 +557,11 @@ impl<'a> Sim<'a> {
         });
         let progress = &mut self.progress[sent.job];
         progress.history = sent.prompt;
-        progress.history.extend(sent.output);
+        if self.config.answers_round_trip {
+            progress.history.extend(sent.output);
+        } else {
+            progress.history.extend(tokens::retokenized(&sent.output));
+        }
         self.next_turn(sent.job);
         Ok(())
     }
@@ -558,12 +618,40 @@ impl<'a> Sim<'a> {
             return;
         };
         let now_ms = self.now_us / 1_000;
-        let id = ReplicaId(replica as u32);
         for gateway in &mut self.gateways {
-            gateway.report(id, &report, now_ms);
-            if gateway.kv_events(id, &update).needs_snapshot {
+            if gateway.report(replica, &report, &update, now_ms) {
                 self.replicas[replica].needs_snapshot = true;
             }
         }
+    }
+
+    fn sample(&mut self) {
+        let t_s = self.now_us as f64 / 1e6;
+        for (i, r) in self.replicas.iter().enumerate() {
+            let stats = r.engine.stats();
+            self.timeline.push(ReplicaSample {
+                t_s,
+                replica: i as u32,
+                running: stats.running as u32,
+                waiting: stats.waiting as u32,
+                kv_used: stats.kv_blocks_total.saturating_sub(stats.kv_blocks_free) as u32,
+                kv_total: stats.kv_blocks_total as u32,
+            });
+        }
+    }
+}
+
+/// A request as the simulated clients send it: the bench's `ignore_eos`, so it generates
+/// exactly `max_tokens`.
+fn new_request(id: u64, prompt: &[u32], max_tokens: u32) -> NewRequest {
+    NewRequest {
+        id,
+        prompt: prompt.to_vec(),
+        params: SamplingParams {
+            max_tokens,
+            ignore_eos: true,
+            ..Default::default()
+        },
+        priority: 0,
     }
 }

@@ -5,9 +5,15 @@
 //! duration moves the clock.
 
 mod fleet;
+mod gateway;
+mod oracle;
 mod peers;
 mod routers;
+mod timeline;
 mod tokens;
+mod verdict;
 
-pub use fleet::{simulate, Outcome, SimConfig};
-pub use routers::Router;
+pub use fleet::{simulate, simulate_with_progress, Outcome, Progress, SimConfig};
+pub use routers::{Router, NAMES};
+pub use timeline::{ReplicaSample, Timeline};
+pub use verdict::oracle_bound;

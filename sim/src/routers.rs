@@ -1,15 +1,18 @@
-//! What decides where a request goes: kvgate's policy (a gateway's `FleetState`), or a peer's
-//! algorithm.
+//! What decides where a request goes: kvgate's policy (a gateway's `FleetState`), a peer's
+//! algorithm, or the oracle.
 
 use kvgate_policies::PolicyConfig;
 
-/// Every router's name.
-pub const NAMES: [&str; 5] = [
+/// Every router's name (kvgate's presets and policy files are named by the CLI).
+pub const NAMES: [&str; 8] = [
     "kvgate",
     "round-robin",
     "least-load",
     "sglang-cache-aware",
     "vllm-consistent-hash",
+    "llm-d",
+    "dynamo",
+    "oracle",
 ];
 
 #[derive(Debug, Clone, PartialEq)]
@@ -25,6 +28,12 @@ pub enum Router {
     SglangCacheAware,
     /// vLLM router's `consistent_hash` ([`crate::peers::ConsistentHash`]).
     VllmConsistentHash,
+    /// llm-d's default scorers ([`crate::peers::Llmd`]).
+    Llmd,
+    /// NVIDIA Dynamo's KV router ([`crate::peers::Dynamo`]).
+    Dynamo,
+    /// Perfect, instant knowledge of every engine ([`crate::oracle`]).
+    Oracle,
 }
 
 impl Router {
@@ -36,6 +45,9 @@ impl Router {
             "least-load" => Ok(Router::LeastLoad),
             "sglang-cache-aware" => Ok(Router::SglangCacheAware),
             "vllm-consistent-hash" => Ok(Router::VllmConsistentHash),
+            "llm-d" => Ok(Router::Llmd),
+            "dynamo" => Ok(Router::Dynamo),
+            "oracle" => Ok(Router::Oracle),
             _ => Err(format!(
                 "unknown policy `{name}` (known: {})",
                 NAMES.join(", ")

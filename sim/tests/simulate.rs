@@ -21,6 +21,13 @@ fn config(replicas: usize, gateways: usize) -> SimConfig {
         report_delay_ms: 5,
         model: "m".into(),
         seed: 7,
+        warmup: 0,
+        time_scale: 1.0,
+        gateway_delay_us: 0,
+        gateway_jitter_us: 0,
+        jitter_seed: 0,
+        answers_round_trip: true,
+        sample_interval_ms: 100,
     }
 }
 
@@ -184,4 +191,125 @@ fn a_job_without_turns_ends_at_once() {
     )
     .unwrap();
     assert_eq!(o.records.len(), 2);
+}
+
+/// Every router on the same arrivals, each run's summary under its name.
+fn every_router(
+    fleet: &SimConfig,
+    jobs: &[kvgate_bench::Job],
+    load: Load,
+) -> Vec<(String, kvgate_bench::Summary)> {
+    kvgate_sim::NAMES
+        .iter()
+        .map(|name| {
+            let o = simulate(fleet, jobs, load, &Router::named(name).unwrap()).unwrap();
+            assert_eq!(
+                o.records.len(),
+                jobs.iter().map(|j| j.turns.len()).sum::<usize>(),
+                "{name}"
+            );
+            let s =
+                kvgate_bench::summarize(&o.records, Default::default(), None, Default::default());
+            (name.to_string(), s)
+        })
+        .collect()
+}
+
+#[test]
+fn one_request_at_a_time_no_router_beats_the_oracle() {
+    // With nothing else in flight a request's soonest first token is the whole story, so the
+    // greedy oracle is a bound here (under load it is not: BENCHMARKS.md).
+    let shared = shared_prefix().jobs(120, 4).unwrap();
+    let sessions = Workload::MultiTurn {
+        turns: 5,
+        system_len: 512,
+        turn_len: 64,
+        output_len: 16,
+    }
+    .jobs(100, 5)
+    .unwrap();
+    for jobs in [&shared, &sessions] {
+        let results = every_router(&config(4, 1), jobs, Load::Concurrency(1));
+        let mean = |name: &str| {
+            results
+                .iter()
+                .find(|(n, _)| n == name)
+                .unwrap()
+                .1
+                .ttft_s
+                .mean
+        };
+        assert_eq!(kvgate_sim::oracle_bound(&results), Some(Ok(())));
+        for (name, _) in &results {
+            assert!(
+                mean("oracle") <= mean(name),
+                "{name}: mean TTFT below the oracle's"
+            );
+        }
+    }
+}
+
+#[test]
+fn llm_d_and_dynamo_find_held_prefixes() {
+    let jobs = shared_prefix().jobs(200, 6).unwrap();
+    let fleet = config(4, 2);
+    let ratio =
+        |router: Router| cached_ratio(&simulate(&fleet, &jobs, Load::Rate(40.0), &router).unwrap());
+    let rr = ratio(Router::RoundRobin);
+    for router in [Router::Llmd, Router::Dynamo] {
+        let r = ratio(router.clone());
+        assert!(
+            r > rr + 0.02,
+            "{router:?}: {r:.3} against round-robin's {rr:.3}"
+        );
+    }
+}
+
+#[test]
+fn a_gateway_delay_adds_to_every_ttft() {
+    let jobs = shared_prefix().jobs(20, 8).unwrap();
+    let run = |delay_us: u64| {
+        let fleet = SimConfig {
+            gateway_delay_us: delay_us,
+            ..config(1, 1)
+        };
+        simulate(&fleet, &jobs, Load::Concurrency(1), &Router::RoundRobin).unwrap()
+    };
+    let (plain, delayed) = (run(0), run(25_000));
+    // One request at a time: each meets the same engine state, 25 ms later.
+    for (a, b) in plain.records.iter().zip(&delayed.records) {
+        let (a, b) = (a.ttft_s.unwrap(), b.ttft_s.unwrap());
+        assert!((b - a - 0.025).abs() < 1e-6, "{a} then {b}");
+    }
+    assert!(delayed.simulated_s > plain.simulated_s + 20.0 * 0.025 - 1e-6);
+}
+
+#[test]
+fn gateway_jitter_draws_each_delay_from_its_range_by_seed() {
+    let jobs = shared_prefix().jobs(20, 9).unwrap();
+    let run = |jitter_us: u64, jitter_seed: u64| {
+        let fleet = SimConfig {
+            gateway_delay_us: 10_000,
+            gateway_jitter_us: jitter_us,
+            jitter_seed,
+            ..config(1, 1)
+        };
+        simulate(&fleet, &jobs, Load::Concurrency(1), &Router::RoundRobin).unwrap()
+    };
+    let ttfts = |o: &Outcome| {
+        o.records
+            .iter()
+            .map(|r| r.ttft_s.unwrap())
+            .collect::<Vec<_>>()
+    };
+    let (fixed, a, b) = (
+        ttfts(&run(0, 0)),
+        ttfts(&run(4_000, 1)),
+        ttfts(&run(4_000, 2)),
+    );
+    for (f, j) in fixed.iter().zip(&a) {
+        assert!((0.0..0.004).contains(&(j - f)), "{f} then {j}");
+    }
+    assert_ne!(a, b, "another seed, other draws");
+    assert_eq!(a, ttfts(&run(4_000, 1)), "the same seed, the same draws");
 }
