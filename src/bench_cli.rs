@@ -82,7 +82,8 @@ impl LoadArgs {
 /// A workload and its shape, as `kvgate bench` and `kvgate sim` take them.
 #[derive(Args)]
 pub struct WorkloadArgs {
-    /// random | shared-prefix | multi-turn | mooncake:FILE | azure:FILE
+    /// random | shared-prefix | one-system-prompt (shared-prefix, one group) | multi-turn |
+    /// mooncake:FILE | azure:FILE
     #[arg(long)]
     workload: String,
     /// random: mean prompt tokens, and the log-normal shape.
@@ -118,7 +119,8 @@ pub struct WorkloadArgs {
 }
 
 impl WorkloadArgs {
-    pub fn workload(&self) -> Result<Workload, String> {
+    /// The workload of `requests` requests.
+    pub fn workload(&self, requests: usize) -> Result<Workload, String> {
         Ok(match self.workload.split_once(':') {
             None if self.workload == "random" => Workload::Random {
                 input_mean: self.input_mean,
@@ -129,6 +131,13 @@ impl WorkloadArgs {
             None if self.workload == "shared-prefix" => Workload::SharedPrefix {
                 groups: self.groups,
                 prompts_per_group: self.prompts_per_group,
+                system_len: self.system_len,
+                question_len: self.question_len,
+                output_len: self.output_len,
+            },
+            None if self.workload == "one-system-prompt" => Workload::SharedPrefix {
+                groups: 1,
+                prompts_per_group: requests,
                 system_len: self.system_len,
                 question_len: self.question_len,
                 output_len: self.output_len,
@@ -148,7 +157,7 @@ impl WorkloadArgs {
             },
             _ => {
                 return Err(format!(
-                    "unknown workload `{}` (random, shared-prefix, multi-turn, mooncake:FILE, azure:FILE)",
+                    "unknown workload `{}` (random, shared-prefix, one-system-prompt, multi-turn, mooncake:FILE, azure:FILE)",
                     self.workload
                 ))
             }
@@ -158,7 +167,7 @@ impl WorkloadArgs {
 
 impl BenchArgs {
     pub fn into_config(self) -> Result<BenchConfig, String> {
-        let workload = self.workload.workload()?;
+        let workload = self.workload.workload(self.load.requests)?;
         let load = self.load.load(&workload)?;
         let headers = self
             .headers

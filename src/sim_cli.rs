@@ -2,11 +2,13 @@
 
 use crate::bench_cli::{LoadArgs, WorkloadArgs};
 use clap::Args;
-use kvgate_sim::{simulate, Router, SimConfig};
+use kvgate_bench::Summary;
+use kvgate_sim::{simulate_with_progress, Progress, Router, SimConfig};
 use kvgate_worker::backend::profile::Profile;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::time::Instant;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 #[derive(Args)]
 pub struct SimArgs {
@@ -31,54 +33,115 @@ pub struct SimArgs {
     report_interval_ms: u64,
     #[arg(long, default_value_t = 5)]
     report_delay_ms: u64,
+    /// Each modelled step takes this many times longer, as with `kvgate worker --time-scale`:
+    /// to compare with a real sim fleet slowed so (times are then in its units).
+    #[arg(long, default_value_t = 1.0)]
+    worker_time_scale: f64,
+    /// Time a request takes from its client through the gateway to its replica, outside the
+    /// engines (a gateway's own latency, the network): in every TTFT and, in a closed loop,
+    /// in every turn.
+    #[arg(long, default_value_t = 0.0)]
+    gateway_delay_ms: f64,
+    /// Plus a uniform draw in [0, this) per request, from --jitter-seed: the timing noise of
+    /// real processes (seeds of it give a run's spread on the same workload).
+    #[arg(long, default_value_t = 0.0)]
+    gateway_jitter_ms: f64,
+    #[arg(long, default_value_t = 0)]
+    jitter_seed: u64,
+    /// A turn's answer comes back in the next turn as other tokens than those generated (as
+    /// with `kvgate worker --backend sim`, whose random tokens do not survive detokenizing and
+    /// tokenizing again), so only the previous prompt's blocks are reused. Default: a real
+    /// model's answers, which do.
+    #[arg(long)]
+    answers_retokenize: bool,
     #[command(flatten)]
     workload: WorkloadArgs,
     #[command(flatten)]
     load: LoadArgs,
-    /// A policy to run: kvgate, round-robin, least-load, sglang-cache-aware,
-    /// vllm-consistent-hash; repeat to compare
-    /// on the same arrivals.
+    /// The first requests sent, left out of the figures (as `kvgate bench --warmup`).
+    #[arg(long, default_value_t = 0)]
+    warmup: usize,
+    /// A policy to run, repeat to compare on the same arrivals: kvgate (the default preset),
+    /// a preset (balanced, cache-first, latency-first), a policy YAML file (a gateway config's
+    /// `policy:` section, or one with the section's fields at the top), or a peer's algorithm
+    /// (round-robin, least-load, sglang-cache-aware, vllm-consistent-hash, llm-d, dynamo), or
+    /// the oracle.
     #[arg(long = "policy", required = true)]
     policies: Vec<String>,
-    /// Results: DIR/POLICY/summary.json, requests.csv and plots, as `kvgate bench` writes.
+    /// Each replica's load and KV use is sampled this often for replicas.csv and the plots
+    /// (default: 100 ms, and 100 ms more per 64 replicas, to bound the file).
+    #[arg(long)]
+    sample_ms: Option<u64>,
+    /// No progress line.
+    #[arg(long)]
+    quiet: bool,
+    /// Results: DIR/POLICY/ with summary.json, requests.csv and plots as `kvgate bench` writes
+    /// them, and replicas.csv, replica_load.svg and replica_kv.svg.
     #[arg(long)]
     out: PathBuf,
 }
 
 /// Replicas at most: each is a whole engine with its own block pool.
 const MAX_REPLICAS: usize = 4_096;
-/// KV blocks fleet-wide at most: each costs its engine's pool entry and every gateway's index
-/// entry, so this bounds a run's memory to a few GiB.
-const MAX_FLEET_BLOCKS: usize = 16 << 20;
+/// Gateways at most: each keeps its own view of every replica.
+const MAX_GATEWAYS: usize = 256;
+/// What a run may take in memory. Its KV blocks dominate: measured, 2.3 GiB for 1,024 replicas
+/// of 8,192 blocks (~300 bytes a block, its engine's pool and the run's bookkeeping), and each
+/// gateway's index adds at most an entry (~40 bytes) per block cached.
+const MAX_RUN_BYTES: usize = 8 << 30;
+const BYTES_PER_BLOCK: usize = 300;
+const BYTES_PER_INDEX_ENTRY: usize = 40;
+const PRESETS: [&str; 3] = ["balanced", "cache-first", "latency-first"];
 
 pub fn run(args: SimArgs) -> Result<(), String> {
-    let workload = args.workload.workload()?;
-    let routers = args
-        .policies
-        .iter()
-        .map(|p| Router::named(p).map(|r| (p.clone(), r)))
-        .collect::<Result<Vec<_>, _>>()?;
+    let workload = args.workload.workload(args.load.requests)?;
+    let routers = routers(&args.policies)?;
     if args.replicas == 0 || args.replicas > MAX_REPLICAS {
         return Err(format!(
             "--replicas must be between 1 and {MAX_REPLICAS}, got {}",
             args.replicas
         ));
     }
+    if args.gateways == 0 || args.gateways > MAX_GATEWAYS {
+        return Err(format!(
+            "--gateways must be between 1 and {MAX_GATEWAYS}, got {}",
+            args.gateways
+        ));
+    }
     let load = args.load.load(&workload)?;
+    if !(args.worker_time_scale.is_finite() && args.worker_time_scale > 0.0) {
+        return Err(format!(
+            "--worker-time-scale must be a positive number, got {}",
+            args.worker_time_scale
+        ));
+    }
+    for (flag, ms) in [
+        ("--gateway-delay-ms", args.gateway_delay_ms),
+        ("--gateway-jitter-ms", args.gateway_jitter_ms),
+    ] {
+        if !(ms.is_finite() && (0.0..=60_000.0).contains(&ms)) {
+            return Err(format!("{flag} must be between 0 and 60000, got {ms}"));
+        }
+    }
     let profile = Profile::load(&args.profile)?;
     let blocks = args
         .num_blocks
         .unwrap_or(profile.kv_capacity_tokens() / args.block_size.max(1));
     let fleet_blocks = blocks.saturating_mul(args.replicas);
-    if fleet_blocks > MAX_FLEET_BLOCKS {
+    let bytes =
+        fleet_blocks.saturating_mul(BYTES_PER_BLOCK + BYTES_PER_INDEX_ENTRY * args.gateways);
+    if bytes > MAX_RUN_BYTES {
         return Err(format!(
-            "{} replicas of {blocks} KV blocks each are {fleet_blocks} blocks, more than the {MAX_FLEET_BLOCKS} a run keeps in memory (measured: ~450 bytes a block with 8 gateways); lower --replicas or --num-blocks",
-            args.replicas
+            "{} replicas of {blocks} KV blocks each, indexed by {} gateways, would take about {:.1} GiB, more than the {} GiB a run may take; lower --replicas, --num-blocks or --gateways",
+            args.replicas,
+            args.gateways,
+            bytes as f64 / f64::from(1u32 << 30),
+            MAX_RUN_BYTES >> 30
         ));
     }
     let config = SimConfig {
         replicas: args.replicas,
-        gateways: args.gateways.max(1),
+        gateways: args.gateways,
         profile,
         num_blocks: args.num_blocks,
         block_size: args.block_size,
@@ -87,13 +150,27 @@ pub fn run(args: SimArgs) -> Result<(), String> {
         report_delay_ms: args.report_delay_ms,
         model: "sim".into(),
         seed: args.load.seed,
+        warmup: args.warmup,
+        time_scale: args.worker_time_scale,
+        gateway_delay_us: (args.gateway_delay_ms * 1e3) as u64,
+        gateway_jitter_us: (args.gateway_jitter_ms * 1e3) as u64,
+        jitter_seed: args.jitter_seed,
+        answers_round_trip: !args.answers_retokenize,
+        sample_interval_ms: args
+            .sample_ms
+            .unwrap_or(100 * args.replicas.div_ceil(64) as u64),
     };
     let jobs = workload.jobs(args.load.requests, args.load.seed)?;
-    println!("| policy | requests | P50 TTFT ms | P90 TTFT ms | cached ratio | simulated s | wall s | events/s |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    let ideal = workload.ideal_cached_ratio(&jobs, args.warmup);
+    let show_progress = !args.quiet && std::io::stderr().is_terminal();
+    println!("| policy | requests | P50 TTFT ms | P90 TTFT ms | cached ratio | max/min per replica | simulated s | wall s | events/s |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut results: Vec<(String, Summary)> = Vec::new();
     for (name, router) in routers {
         let started = Instant::now();
-        let outcome = simulate(&config, &jobs, load, &router)?;
+        let mut bar = ProgressBar::new(&name, show_progress);
+        let outcome = simulate_with_progress(&config, &jobs, load, &router, &mut |p| bar.show(p))?;
+        bar.clear();
         let wall = started.elapsed().as_secs_f64();
         let labels = BTreeMap::from([
             ("policy".to_string(), name.clone()),
@@ -102,18 +179,133 @@ pub fn run(args: SimArgs) -> Result<(), String> {
             ("gateways".to_string(), config.gateways.to_string()),
             ("simulated".to_string(), "true".to_string()),
         ]);
-        let summary = kvgate_bench::summarize(&outcome.records, Default::default(), None, labels);
-        kvgate_bench::write_results(&args.out.join(&name), &summary, &outcome.records)?;
+        let summary = kvgate_bench::summarize(&outcome.records, Default::default(), ideal, labels);
+        let dir = args.out.join(&name);
+        kvgate_bench::write_results(&dir, &summary, &outcome.records)?;
+        outcome.timeline.write(&dir)?;
         println!(
-            "| {name} | {} | {:.1} | {:.1} | {:.3} | {:.2} | {wall:.2} | {:.0} |",
+            "| {name} | {} | {:.1} | {:.1} | {:.3} | {:.2} | {:.2} | {wall:.2} | {:.0} |",
             summary.requests,
             summary.ttft_s.p50 * 1e3,
             summary.ttft_s.p90 * 1e3,
             summary.cached_token_ratio,
+            summary.replica_imbalance,
             outcome.simulated_s,
             outcome.events as f64 / wall.max(1e-9),
         );
+        results.push((name, summary));
+    }
+    if let Some(ideal) = ideal {
+        println!("\nideal cached ratio (one replica, unbounded cache): {ideal:.3}");
+    }
+    match kvgate_sim::oracle_bound(&results) {
+        Some(Ok(())) => {
+            println!("oracle bound holds: no policy's P50 or P90 TTFT is below the oracle's")
+        }
+        Some(Err(beaten)) => println!(
+            "ORACLE BOUND BROKEN (the oracle is greedy, one request at a time): {}",
+            beaten.join("; ")
+        ),
+        None => {}
     }
     println!("results in {}", args.out.display());
     Ok(())
+}
+
+/// Each `--policy` as (its results directory, its router), checked before anything runs.
+fn routers(policies: &[String]) -> Result<Vec<(String, Router)>, String> {
+    let mut routers: Vec<(String, Router)> = Vec::new();
+    for policy in policies {
+        let (name, router) = router(policy)?;
+        if routers.iter().any(|(n, _)| *n == name) {
+            return Err(format!(
+                "--policy {policy}: a second policy named `{name}` (each writes DIR/{name}/)"
+            ));
+        }
+        routers.push((name, router));
+    }
+    Ok(routers)
+}
+
+fn router(policy: &str) -> Result<(String, Router), String> {
+    let path = Path::new(policy);
+    if policy.ends_with(".yaml") || policy.ends_with(".yml") || path.is_file() {
+        let config = kvgate_router::config::load_policy_file(path).map_err(|errors| {
+            let lines: Vec<String> = errors.iter().map(|e| format!("{policy}: {e}")).collect();
+            lines.join("\n")
+        })?;
+        let name = path
+            .file_stem()
+            .map_or_else(|| policy.to_string(), |s| s.to_string_lossy().into_owned());
+        return Ok((name, Router::Kvgate(config)));
+    }
+    if PRESETS.contains(&policy) {
+        return Ok((
+            policy.to_string(),
+            Router::Kvgate(kvgate_router::config::preset(policy)?),
+        ));
+    }
+    Router::named(policy)
+        .map(|r| (policy.to_string(), r))
+        .map_err(|_| {
+            format!(
+                "unknown policy `{policy}` (known: {}; the presets {}; or a policy YAML file)",
+                kvgate_sim::NAMES.join(", "),
+                PRESETS.join(", ")
+            )
+        })
+}
+
+/// A one-line progress bar on a terminal, redrawn at most every 200 ms.
+struct ProgressBar<'a> {
+    name: &'a str,
+    on: bool,
+    started: Instant,
+    drawn: Option<Instant>,
+}
+
+impl<'a> ProgressBar<'a> {
+    fn new(name: &'a str, on: bool) -> Self {
+        ProgressBar {
+            name,
+            on,
+            started: Instant::now(),
+            drawn: None,
+        }
+    }
+
+    fn show(&mut self, p: Progress) {
+        let now = Instant::now();
+        if !self.on
+            || now.duration_since(self.started) < Duration::from_secs(1)
+            || self
+                .drawn
+                .is_some_and(|d| now.duration_since(d) < Duration::from_millis(200))
+        {
+            return;
+        }
+        self.drawn = Some(now);
+        let done = p.jobs_done as f64 / p.jobs.max(1) as f64;
+        let width = 30;
+        let filled = (done * width as f64) as usize;
+        let wall = now.duration_since(self.started).as_secs_f64();
+        eprint!(
+            "\r{} [{}{}] {:>3.0}% {} of {} jobs, {:.1} s simulated ({:.1}x real time)  ",
+            self.name,
+            "#".repeat(filled),
+            " ".repeat(width - filled.min(width)),
+            done * 100.0,
+            p.jobs_done,
+            p.jobs,
+            p.simulated_s,
+            p.simulated_s / wall.max(1e-9),
+        );
+        let _ = std::io::stderr().flush();
+    }
+
+    fn clear(&self) {
+        if self.drawn.is_some() {
+            eprint!("\r{}\r", " ".repeat(100));
+        }
+    }
 }

@@ -41,6 +41,14 @@ fn each_policy_gets_the_summary_kvgate_bench_writes() {
         "kvgate",
         "--policy",
         "round-robin",
+        "--policy",
+        "cache-first",
+        "--policy",
+        "llm-d",
+        "--policy",
+        "dynamo",
+        "--policy",
+        "oracle",
         "--out",
         out.to_str().unwrap(),
     ]);
@@ -50,7 +58,14 @@ fn each_policy_gets_the_summary_kvgate_bench_writes() {
         "{stdout}{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    for policy in ["kvgate", "round-robin"] {
+    for policy in [
+        "kvgate",
+        "round-robin",
+        "cache-first",
+        "llm-d",
+        "dynamo",
+        "oracle",
+    ] {
         let summary: serde_json::Value = serde_json::from_str(
             &std::fs::read_to_string(out.join(policy).join("summary.json")).unwrap(),
         )
@@ -65,10 +80,89 @@ fn each_policy_gets_the_summary_kvgate_bench_writes() {
         ] {
             assert!(!summary[key].is_null(), "{policy}: no {key}");
         }
-        assert!(out.join(policy).join("requests.csv").exists());
+        for file in [
+            "requests.csv",
+            "replicas.csv",
+            "replica_load.svg",
+            "replica_kv.svg",
+        ] {
+            assert!(out.join(policy).join(file).exists(), "{policy}: no {file}");
+        }
         assert!(stdout.contains(&format!("| {policy} | 60 |")), "{stdout}");
     }
+    // Each replica sampled at 100 ms from 0 until the last job ends.
+    let timeline = std::fs::read_to_string(out.join("kvgate").join("replicas.csv")).unwrap();
+    assert!(
+        timeline.starts_with(
+            "t_s,replica,running,waiting,kv_blocks_used,kv_blocks_total\n0.000,sim-0,"
+        ),
+        "{timeline}"
+    );
+    assert!(timeline.lines().count() > 4 * 10, "{timeline}");
+    assert!(
+        stdout.contains("oracle bound holds") || stdout.contains("ORACLE BOUND BROKEN"),
+        "{stdout}"
+    );
     std::fs::remove_dir_all(&out).unwrap();
+}
+
+#[test]
+fn a_policy_file_runs_under_its_name_and_its_errors_name_the_yaml_path() {
+    let dir = std::env::temp_dir().join(format!("kvgate-sim-policy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("wide.yaml");
+    std::fs::write(&good, "preset: cache-first\nload_factor: 2.0\n").unwrap();
+    let bad = dir.join("bad.yaml");
+    std::fs::write(&bad, "policy:\n  load_factor: 1.5\n  weights: {prefx: 1}\n").unwrap();
+    let out = dir.join("out");
+    let args = |policy: &str| {
+        vec![
+            "--replicas".to_string(),
+            "2".into(),
+            "--workload".into(),
+            "one-system-prompt".into(),
+            "--system-len".into(),
+            "256".into(),
+            "--output-len".into(),
+            "4".into(),
+            "--concurrency".into(),
+            "4".into(),
+            "--requests".into(),
+            "12".into(),
+            "--num-blocks".into(),
+            "2048".into(),
+            "--max-model-len".into(),
+            "4096".into(),
+            "--policy".into(),
+            policy.into(),
+            "--out".into(),
+            out.to_str().unwrap().into(),
+        ]
+    };
+    let o = kvgate()
+        .arg("sim")
+        .args(args(good.to_str().unwrap()))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let summary: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("wide").join("summary.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(summary["requests"], 12, "{summary}");
+    let o = kvgate()
+        .arg("sim")
+        .args(args(bad.to_str().unwrap()))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        text.contains(&format!("{}: line 3: policy.weights: ", bad.display()))
+            && text.contains("prefx"),
+        "{text}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -121,7 +215,7 @@ fn bad_input_is_refused_with_its_reason() {
                 "--workload",
                 "shared-prefix",
             ],
-            "lower --replicas or --num-blocks",
+            "lower --replicas, --num-blocks or --gateways",
         ),
         (
             vec![
@@ -132,7 +226,7 @@ fn bad_input_is_refused_with_its_reason() {
                 "--workload",
                 "shared-prefix",
             ],
-            "unknown policy `nope` (known: kvgate, round-robin, least-load, sglang-cache-aware, vllm-consistent-hash)",
+            "unknown policy `nope` (known: kvgate, round-robin, least-load, sglang-cache-aware, vllm-consistent-hash, llm-d, dynamo, oracle; the presets balanced, cache-first, latency-first; or a policy YAML file)",
         ),
         (
             vec![
@@ -144,6 +238,19 @@ fn bad_input_is_refused_with_its_reason() {
                 "shared-prefix",
             ],
             "--replicas must be between 1 and 4096",
+        ),
+        (
+            vec![
+                "--replicas",
+                "2",
+                "--gateways",
+                "100000",
+                "--policy",
+                "kvgate",
+                "--workload",
+                "shared-prefix",
+            ],
+            "--gateways must be between 1 and 256, got 100000",
         ),
         (
             vec![
@@ -166,6 +273,45 @@ fn bad_input_is_refused_with_its_reason() {
                 "zipf",
             ],
             "unknown workload `zipf`",
+        ),
+        (
+            vec![
+                "--replicas",
+                "2",
+                "--policy",
+                "kvgate",
+                "--workload",
+                "shared-prefix",
+                "--gateway-delay-ms",
+                "70000",
+            ],
+            "--gateway-delay-ms must be between 0 and 60000, got 70000",
+        ),
+        (
+            vec![
+                "--replicas",
+                "2",
+                "--policy",
+                "kvgate",
+                "--workload",
+                "shared-prefix",
+                "--worker-time-scale",
+                "0",
+            ],
+            "--worker-time-scale must be a positive number, got 0",
+        ),
+        (
+            vec![
+                "--replicas",
+                "2",
+                "--policy",
+                "kvgate",
+                "--policy",
+                "kvgate",
+                "--workload",
+                "shared-prefix",
+            ],
+            "a second policy named `kvgate`",
         ),
         (
             vec![
