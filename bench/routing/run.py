@@ -6,16 +6,17 @@ routing configuration in turn, on the same workloads, measured with `kvgate benc
 Configurations: round-robin (SGLang's router), least-load, consistent hash only and
 approximate prefix (kvgate gateway in text mode with those weights), kvgate's default and its
 cache-first preset (token mode, agents relaying KV events), SGLang's router `cache_aware`,
-vLLM's router
-`consistent_hash`. Workloads: shared-prefix groups, multi-turn chat, the Mooncake synthetic
+vLLM's router `consistent_hash`, and vllm-round-robin (round-robin through vLLM's router,
+see PEER_ROUTERS). Workloads: shared-prefix groups, multi-turn chat, the Mooncake synthetic
 trace (prompts scaled down 8x). Every worker's prefix cache is emptied between runs.
 
 Writes bench/routing/results/<workload>/<config>/ (the bench's summary.json, requests.csv,
-plots) and prints one markdown table per workload, with the run's labels.
+plots of the last round, and rounds.json with every round's summary) and prints one markdown
+table per workload, with the run's labels.
 
 Usage: bench/routing/run.py [--workloads shared-prefix,shared-prefix-small-kv,multi-turn,mooncake]
                             [--configs NAME,...] [--workers 4] [--time-scale 4] [--rounds 3]
-                            [--loads R1,R2,...]
+                            [--loads R1,R2,...] [--out DIR]
 Config names beyond the fixed ones: `kvgate+FIELD=VALUE[+...]` is the default preset with
 `policy:` fields set (e.g. `kvgate+load_factor=1.5`).
 Each configuration runs `--rounds` times (rounds interleaved across configurations); the tables
@@ -68,6 +69,16 @@ WORKLOADS["one-system-prompt"] = ["--workload", "shared-prefix", "--groups", "1"
 # an H200 serving an 8B model (~0.5M tokens of its ~1M), since its working set (1.5M tokens
 # over 1,200 requests) is what it tests.
 KV_BLOCKS = {"shared-prefix-small-kv": 640, "mooncake": 32768}
+# The peers' routers: config → (router, its --policy). On this fleet SGLang's router adds ~25 ms
+# to every TTFT even at concurrency 1 and vLLM's does not (BENCHMARKS.md); vllm-round-robin is
+# SGLang's round-robin without that cost. (vLLM's router has a `cache_aware` too, with SGLang's
+# defaults, but it does not route as SGLang's does: it is not offered here.)
+PEER_ROUTERS = {
+    "round-robin": ("sglang", "round_robin"),
+    "sglang-cache-aware": ("sglang", "cache_aware"),
+    "vllm-consistent-hash": ("vllm", "consistent_hash"),
+    "vllm-round-robin": ("vllm", "round_robin"),
+}
 CONFIGS = ["round-robin", "least-load", "consistent-hash", "approx-prefix", "kvgate",
            "kvgate-cache-first", "sglang-cache-aware", "vllm-consistent-hash"]
 
@@ -173,10 +184,9 @@ def start_router(procs, config, workers, logs, token_file):
     """Starts the router for `config`; returns its URL and the processes to stop after."""
     port = free_port()
     started = []
-    if config in ("round-robin", "sglang-cache-aware", "vllm-consistent-hash"):
-        policy = {"round-robin": "round_robin", "sglang-cache-aware": "cache_aware",
-                  "vllm-consistent-hash": "consistent_hash"}[config]
-        if config == "vllm-consistent-hash":
+    if config in PEER_ROUTERS:
+        router, policy = PEER_ROUTERS[config]
+        if router == "vllm":
             cmd = [os.path.join(PEERS, "bin", "vllm-router")]
         else:
             cmd = [os.path.join(PEERS, "bin", "python"), "-m", "sglang_router.launch_router"]
@@ -327,10 +337,14 @@ def main():
                          "(replay speed-ups for mooncake), one sweep table per workload")
     ap.add_argument("--num-blocks", type=int, default=1536,
                     help="KV blocks (16 tokens) per worker for workloads without their own in KV_BLOCKS")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "routing", "results"),
+                    help="results root: OUT/<workload>/<config>/")
     args = ap.parse_args()
+    # Killed, stop every process started (they run in sessions of their own).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     subprocess.run(["cargo", "build", "--release", "--bin", "kvgate"], cwd=ROOT, check=True)
     logs = tempfile.mkdtemp(prefix="kvgate-routing-")
-    out_root = os.path.join(ROOT, "bench", "routing", "results")
+    out_root = args.out
     token_file = os.path.join(logs, "token")
     with open(token_file, "w") as f:
         f.write("routing-experiment-token\n")
@@ -356,6 +370,11 @@ def main():
                           f"TTFT p90 {s['ttft_s']['p90'] * 1000:.0f} ms", file=sys.stderr)
                     rounds.append(s)
             procs.stop_all()
+            # Each round's summary beside the last round's results.
+            for (config, load), rounds in results.items():
+                cell = workload if load is None else f"{workload}@{load}"
+                with open(os.path.join(out_root, cell, config, "rounds.json"), "w") as f:
+                    json.dump(rounds, f, indent=2)
             print(f"{blocks} KV blocks of 16 tokens per worker.\n")
             if args.loads:
                 print(sweep_table(workload, loads, results))
