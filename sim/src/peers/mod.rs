@@ -78,8 +78,9 @@ pub(crate) fn first_min(values: impl Iterator<Item = impl Ord>) -> usize {
         .map_or(0, |(i, _)| i)
 }
 
-/// The best of `n` scores by `better`, ties broken by starting the scan at `start` (the
-/// routers that break ties at random; a rotating start keeps runs reproducible).
+/// The index of the best of `n` scores (the lowest if `lower`, else the highest), ties broken
+/// by starting the scan at `start` (for routers that break ties at random: a rotating start
+/// keeps runs reproducible).
 pub(crate) fn best_from(
     n: usize,
     start: usize,
