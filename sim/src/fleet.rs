@@ -2,18 +2,17 @@
 //! microseconds.
 
 use crate::gateway::{Gateway, Incoming, Served};
-use crate::oracle;
+use crate::replica::Replica;
 use crate::routers::Router;
-use crate::timeline::{ReplicaSample, Timeline};
+use crate::timeline::Timeline;
 use crate::tokens;
 use kvgate_bench::{Job, Load, RequestRecord};
 use kvgate_policies::{ReplicaId, ReplicaSpec, ReportAges};
-use kvgate_protocol::kv_events::{KvEventBatch, KvSnapshot, KV_EVENTS_VERSION};
-use kvgate_protocol::telemetry::{EngineLoad, KvUpdate, TelemetryReport, TELEMETRY_VERSION};
+use kvgate_protocol::telemetry::{KvUpdate, TelemetryReport};
 use kvgate_protocol::HashSeed;
 use kvgate_worker::backend::profile::Profile;
 use kvgate_worker::backend::sim::SimBackend;
-use kvgate_worker::{Engine, EngineConfig, NewRequest, SamplingParams, StepOutput};
+use kvgate_worker::{Engine, EngineConfig, NewRequest, SamplingParams};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 
@@ -98,20 +97,6 @@ enum Event {
     Deliver,
     /// Every replica's load and KV use is recorded.
     Sample,
-}
-
-struct Replica {
-    name: String,
-    engine: Engine<SimBackend>,
-    /// The step under way: its results count when it ends.
-    step: Option<StepOutput>,
-    busy_until_us: u64,
-    /// KV-event batches since the last report, and the last one's sequence number.
-    batches: Vec<KvEventBatch>,
-    seq: u64,
-    reports: u64,
-    /// A gateway could not apply the events in sequence: the next report carries a snapshot.
-    needs_snapshot: bool,
 }
 
 /// A job's progress: its turns so far, as token ids (each turn's prompt and answer).
@@ -208,16 +193,7 @@ impl<'a> Sim<'a> {
                 let backend = SimBackend::new(config.profile.clone(), 1_000, 49_152);
                 let engine =
                     Engine::new(engine_config.clone(), backend).map_err(|e| e.to_string())?;
-                Ok(Replica {
-                    name: format!("sim-{i}"),
-                    engine,
-                    step: None,
-                    busy_until_us: 0,
-                    batches: Vec::new(),
-                    seq: 0,
-                    reports: 0,
-                    needs_snapshot: true,
-                })
+                Ok(Replica::new(format!("sim-{i}"), engine))
             })
             .collect::<Result<Vec<_>, String>>()?;
         let ages = ReportAges {
@@ -385,11 +361,7 @@ impl<'a> Sim<'a> {
         let first_tokens = || {
             replicas
                 .iter()
-                .map(|r| {
-                    let busy_s = r.busy_until_us.saturating_sub(now_us) as f64 / 1e6 / scale;
-                    let new = new_request(id, &prompt, max_tokens);
-                    oracle::first_token_seconds(&r.engine, new, busy_s)
-                })
+                .map(|r| r.first_token_seconds(new_request(id, &prompt, max_tokens), now_us, scale))
                 .collect()
         };
         let replica = self.gateways[gateway].route(&incoming, &self.served, &first_tokens);
@@ -434,34 +406,28 @@ impl<'a> Sim<'a> {
         };
         let replica = sent.replica;
         let new = new_request(id, &sent.prompt, sent.max_tokens);
-        if let Err(e) = self.replicas[replica].engine.add_request(new) {
+        if let Err(e) = self.replicas[replica].add_request(new) {
             // As a worker would answer: 400, and the job goes on.
             if let Some(sent) = self.sent.remove(&id) {
                 self.gateways[sent.gateway].finished(id, replica);
-                self.refused(id, &sent, e.to_string());
+                self.refused(id, &sent, e);
             }
             return Ok(());
         }
-        if self.replicas[replica].step.is_none() {
+        if !self.replicas[replica].is_stepping() {
             self.start_step(replica)?;
         }
         Ok(())
     }
 
     fn start_step(&mut self, replica: usize) -> Result<(), String> {
-        let r = &mut self.replicas[replica];
-        let out = r.engine.step().map_err(|e| e.to_string())?;
-        let took = out.modelled_duration.map_or(1, |d| {
-            (d.mul_f64(self.config.time_scale).as_micros() as u64).max(1)
-        });
-        r.step = Some(out);
-        r.busy_until_us = self.now_us + took;
-        self.push(self.now_us + took, Event::StepDone { replica });
+        let ends = self.replicas[replica].start_step(self.now_us, self.config.time_scale)?;
+        self.push(ends, Event::StepDone { replica });
         Ok(())
     }
 
     fn step_done(&mut self, replica: usize) -> Result<(), String> {
-        let Some(out) = self.replicas[replica].step.take() else {
+        let Some((out, more)) = self.replicas[replica].end_step() else {
             return Ok(());
         };
         for token in out.tokens {
@@ -479,19 +445,7 @@ impl<'a> Sim<'a> {
                 self.finished(token.id, &token)?;
             }
         }
-        let r = &mut self.replicas[replica];
-        // The step's own events, then any the engine produced since.
-        let mut events = out.kv_events;
-        events.extend(r.engine.take_kv_events());
-        if !events.is_empty() {
-            r.seq += 1;
-            r.batches.push(KvEventBatch {
-                version: KV_EVENTS_VERSION,
-                seq: r.seq,
-                events,
-            });
-        }
-        if r.engine.has_work() {
+        if more {
             self.start_step(replica)?;
         }
         Ok(())
@@ -566,48 +520,9 @@ impl<'a> Sim<'a> {
         Ok(())
     }
 
-    /// An agent's report: the engine's load now, and the KV events since the last one (or a
-    /// snapshot, first and whenever a gateway lost the sequence).
     fn report(&mut self, replica: usize) {
-        let r = &mut self.replicas[replica];
-        let stats = r.engine.stats();
-        r.reports += 1;
-        let report = TelemetryReport {
-            version: TELEMETRY_VERSION,
-            replica: r.name.clone(),
-            url: format!("sim://{}", r.name),
-            instance: 1,
-            seq: r.reports,
-            healthy: true,
-            load: EngineLoad {
-                models: vec![self.config.model.clone()],
-                running: stats.running as u32,
-                waiting: stats.waiting as u32,
-                kv_blocks_total: stats.kv_blocks_total as u64,
-                kv_blocks_used: stats.kv_blocks_total.saturating_sub(stats.kv_blocks_free) as u64,
-                block_size: stats.block_size as u32,
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let update = if std::mem::take(&mut r.needs_snapshot) {
-            r.batches.clear();
-            KvUpdate {
-                snapshot: Some(KvSnapshot {
-                    version: KV_EVENTS_VERSION,
-                    seq: r.seq,
-                    block_size: self.config.block_size,
-                    hashes: r.engine.cached_hashes(),
-                    host_hashes: Vec::new(),
-                }),
-                batches: Vec::new(),
-            }
-        } else {
-            KvUpdate {
-                snapshot: None,
-                batches: std::mem::take(&mut r.batches),
-            }
-        };
+        let (report, update) =
+            self.replicas[replica].report(&self.config.model, self.config.block_size);
         self.reports_in_flight.push_back((replica, report, update));
         let at = self.now_us + self.config.report_delay_ms * 1_000;
         self.push(at, Event::Deliver);
@@ -628,15 +543,7 @@ impl<'a> Sim<'a> {
     fn sample(&mut self) {
         let t_s = self.now_us as f64 / 1e6;
         for (i, r) in self.replicas.iter().enumerate() {
-            let stats = r.engine.stats();
-            self.timeline.push(ReplicaSample {
-                t_s,
-                replica: i as u32,
-                running: stats.running as u32,
-                waiting: stats.waiting as u32,
-                kv_used: stats.kv_blocks_total.saturating_sub(stats.kv_blocks_free) as u32,
-                kv_total: stats.kv_blocks_total as u32,
-            });
+            self.timeline.push(r.sample(t_s, i as u32));
         }
     }
 }

@@ -8,6 +8,7 @@ mod fleet;
 mod gateway;
 mod oracle;
 mod peers;
+mod replica;
 mod routers;
 mod timeline;
 mod tokens;
