@@ -91,7 +91,9 @@ const MAX_GATEWAYS: usize = 256;
 const MAX_RUN_BYTES: usize = 8 << 30;
 const BYTES_PER_BLOCK: usize = 300;
 const BYTES_PER_INDEX_ENTRY: usize = 40;
-const PRESETS: [&str; 3] = ["balanced", "cache-first", "latency-first"];
+/// KV blocks fleet-wide at most with the oracle: each of its decisions copies every
+/// replica's engine, pool included (64 replicas of the default profile's ~53k blocks fit).
+const ORACLE_MAX_FLEET_BLOCKS: usize = 4 << 20;
 
 pub fn run(args: SimArgs) -> Result<(), String> {
     let workload = args.workload.workload(args.load.requests)?;
@@ -128,6 +130,11 @@ pub fn run(args: SimArgs) -> Result<(), String> {
         .num_blocks
         .unwrap_or(profile.kv_capacity_tokens() / args.block_size.max(1));
     let fleet_blocks = blocks.saturating_mul(args.replicas);
+    if fleet_blocks > ORACLE_MAX_FLEET_BLOCKS && routers.iter().any(|(_, r)| *r == Router::Oracle) {
+        return Err(format!(
+            "the oracle copies every replica's engine for each request: {fleet_blocks} KV blocks fleet-wide is more than the {ORACLE_MAX_FLEET_BLOCKS} it takes; lower --replicas or --num-blocks"
+        ));
+    }
     let bytes =
         fleet_blocks.saturating_mul(BYTES_PER_BLOCK + BYTES_PER_INDEX_ENTRY * args.gateways);
     if bytes > MAX_RUN_BYTES {
@@ -239,7 +246,8 @@ fn router(policy: &str) -> Result<(String, Router), String> {
             .map_or_else(|| policy.to_string(), |s| s.to_string_lossy().into_owned());
         return Ok((name, Router::Kvgate(config)));
     }
-    if PRESETS.contains(&policy) {
+    let presets = kvgate_router::config::preset_names();
+    if presets.contains(&policy) {
         return Ok((
             policy.to_string(),
             Router::Kvgate(kvgate_router::config::preset(policy)?),
@@ -251,7 +259,7 @@ fn router(policy: &str) -> Result<(String, Router), String> {
             format!(
                 "unknown policy `{policy}` (known: {}; the presets {}; or a policy YAML file)",
                 kvgate_sim::NAMES.join(", "),
-                PRESETS.join(", ")
+                presets.join(", ")
             )
         })
 }

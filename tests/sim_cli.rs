@@ -242,6 +242,19 @@ fn bad_input_is_refused_with_its_reason() {
         (
             vec![
                 "--replicas",
+                "1024",
+                "--num-blocks",
+                "8192",
+                "--policy",
+                "oracle",
+                "--workload",
+                "shared-prefix",
+            ],
+            "the oracle copies every replica's engine for each request",
+        ),
+        (
+            vec![
+                "--replicas",
                 "2",
                 "--gateways",
                 "100000",

@@ -89,9 +89,14 @@ const PRESETS: [(&str, &str); 3] = [
     ),
 ];
 
+/// The presets' names.
+pub fn preset_names() -> Vec<&'static str> {
+    PRESETS.iter().map(|(n, _)| *n).collect()
+}
+
 /// The policy settings of preset `name`.
 pub fn preset(name: &str) -> Result<kvgate_policies::PolicyConfig, String> {
-    let known: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
+    let known = preset_names();
     let (_, text) = PRESETS
         .iter()
         .find(|(n, _)| *n == name)
@@ -277,7 +282,7 @@ fn with_preset(
             message,
         }]
     };
-    let known: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
+    let known = preset_names();
     let preset = name
         .as_str()
         .and_then(|n| PRESETS.iter().find(|(p, _)| *p == n))

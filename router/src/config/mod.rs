@@ -6,7 +6,7 @@ mod validate;
 
 pub use load::{
     load_file, load_file_warning, load_policy_file, parse_policy_str, parse_str, preset,
-    ConfigError, Loaded,
+    preset_names, ConfigError, Loaded,
 };
 pub use validate::{resolve_url, Upstream};
 
