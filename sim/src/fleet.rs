@@ -3,7 +3,7 @@
 
 use crate::gateway::{Gateway, Incoming, Served};
 use crate::replica::Replica;
-use crate::routers::Router;
+use crate::routers::{Router, Routes, Turn};
 use crate::timeline::Timeline;
 use crate::tokens;
 use kvgate_bench::{Job, Load, RequestRecord};
@@ -74,6 +74,8 @@ pub struct Outcome {
     pub events: u64,
     /// Each replica's load and KV use over time.
     pub timeline: Timeline,
+    /// Where each request went.
+    pub routes: Routes,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -135,6 +137,7 @@ struct Sim<'a> {
     jobs_done: usize,
     records: Vec<RequestRecord>,
     timeline: Timeline,
+    routes: Routes,
 }
 
 /// How many events pass between two calls of the progress callback.
@@ -168,6 +171,7 @@ pub fn simulate_with_progress(
         simulated_s: sim.now_us as f64 / 1e6,
         events: sim.pushed,
         timeline: sim.timeline,
+        routes: sim.routes,
     })
 }
 
@@ -246,6 +250,7 @@ impl<'a> Sim<'a> {
             next_job: 0,
             jobs_done: 0,
             records: Vec::new(),
+            routes: Routes::default(),
         })
     }
 
@@ -351,8 +356,13 @@ impl<'a> Sim<'a> {
         let id = self.next_request;
         self.next_request += 1;
         let gateway = job % self.gateways.len();
+        let turn = Turn {
+            job,
+            turn: progress.turn,
+        };
         let incoming = Incoming {
             id,
+            turn,
             prompt: &prompt,
             job: spec,
             now_us: self.now_us,
@@ -365,6 +375,7 @@ impl<'a> Sim<'a> {
                 .collect()
         };
         let replica = self.gateways[gateway].route(&incoming, &self.served, &first_tokens);
+        self.routes.insert(turn, id, replica);
         self.sent.insert(
             id,
             Sent {

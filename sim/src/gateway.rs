@@ -2,14 +2,15 @@
 //! gateway keeps one, whatever routes, as the real gateway would), and the router that decides
 //! where its requests go, with that router's own state.
 
-use crate::oracle;
+use crate::lookahead;
 use crate::peers::{CacheAware, ConsistentHash, Dynamo, Llmd};
-use crate::routers::Router;
+use crate::routers::{Router, Routes, Turn};
 use kvgate_bench::Job;
 use kvgate_policies::{Ask, FleetState, ReplicaId, ReplicaSpec, ReportAges, RequestFeatures};
 use kvgate_protocol::telemetry::{KvUpdate, TelemetryReport};
 use kvgate_protocol::HashSeed;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// What every gateway of a run shares.
 #[derive(Debug, Clone)]
@@ -22,6 +23,7 @@ pub(crate) struct Served {
 /// A request as a gateway sees it.
 pub(crate) struct Incoming<'a> {
     pub id: u64,
+    pub turn: Turn,
     pub prompt: &'a [u32],
     pub job: &'a Job,
     pub now_us: u64,
@@ -35,7 +37,8 @@ enum Routing {
     ConsistentHash(ConsistentHash),
     Llmd(Llmd),
     Dynamo(Dynamo),
-    Oracle,
+    SoonestFirstToken,
+    Replay(Arc<Routes>),
 }
 
 pub(crate) struct Gateway {
@@ -72,7 +75,8 @@ impl Gateway {
             }
             Router::Llmd => Routing::Llmd(Llmd::new(n)),
             Router::Dynamo => Routing::Dynamo(Dynamo::new(n, served.block_size)),
-            Router::Oracle => Routing::Oracle,
+            Router::SoonestFirstToken => Routing::SoonestFirstToken,
+            Router::Replay(routes) => Routing::Replay(routes.clone()),
         };
         Gateway {
             fleet,
@@ -82,8 +86,8 @@ impl Gateway {
         }
     }
 
-    /// The replica for a request, counted in flight there. `first_tokens` is what the oracle
-    /// knows: when the request's first token would come on each replica.
+    /// The replica for a request, counted in flight there. `first_tokens` is what the
+    /// look-ahead knows: when the request's first token would come on each replica.
     pub fn route(
         &mut self,
         request: &Incoming<'_>,
@@ -134,7 +138,11 @@ impl Gateway {
             Routing::Dynamo(dynamo) => {
                 dynamo.route(id, &blocks(), request.prompt.len(), now_ms, id as usize)
             }
-            Routing::Oracle => oracle::choose(&first_tokens(), id as usize),
+            Routing::SoonestFirstToken => lookahead::choose(&first_tokens(), id as usize),
+            Routing::Replay(routes) => routes
+                .replica(request.turn)
+                .filter(|&r| r < n)
+                .unwrap_or(request.turn.job % n),
             Routing::Kvgate => self.kvgate(request, served, now_ms),
         };
         self.sent += 1;

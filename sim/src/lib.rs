@@ -6,6 +6,7 @@
 
 mod fleet;
 mod gateway;
+mod lookahead;
 mod oracle;
 mod peers;
 mod replica;
@@ -15,6 +16,7 @@ mod tokens;
 mod verdict;
 
 pub use fleet::{simulate, simulate_with_progress, Outcome, Progress, SimConfig};
-pub use routers::{Router, NAMES};
+pub use oracle::{search as search_oracle, Figure, Searched, FIGURES};
+pub use routers::{Policy, Router, Routes, Turn, NAMES};
 pub use timeline::{ReplicaSample, Timeline};
 pub use verdict::oracle_bound;

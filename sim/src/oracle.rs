@@ -1,123 +1,269 @@
-//! The oracle: perfect, instant knowledge of every replica. Each request goes where its first
-//! token comes soonest, found by stepping a copy of each replica's engine — its own scheduler,
-//! KV manager and step model — with the request added, until that token. No router could be
-//! deployed like this; it is the bound the others are measured against. It is greedy (each
-//! request its own soonest; later arrivals unknown), so `kvgate sim` checks the bound on every
-//! run with it and says when a policy beat it.
+//! The oracle: the best routing found for a run by something that knows all of it in advance
+//! (every arrival, every engine's step model), one TTFT figure at a time. For a figure (mean,
+//! P50 or P90) it starts from the routes of every run it is given — the run's policies, the
+//! peers', kvgate's presets, and the look-ahead that sends each request where its first token
+//! comes soonest — keeps the lowest, and improves on it by local search. Each candidate is a
+//! replay of whole routes through the same simulation, so each figure it reports is that of a
+//! run like any other, and never above any start's. One routing need not be the lowest on
+//! every figure at once (spreading a prefix over idle replicas lowers the median, keeping it
+//! on one lowers the tail), so each figure has its own. No router could be deployed like this;
+//! it is the bound the others are measured against.
 
-use kvgate_worker::backend::sim::SimBackend;
-use kvgate_worker::{Engine, NewRequest};
+use crate::fleet::{simulate_with_progress, Outcome, Progress, SimConfig};
+use crate::routers::{Router, Routes, Turn};
+use kvgate_bench::{Job, Load, Stats};
+use std::cmp::Ordering;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
-/// Most steps looked ahead on one replica: one that far from the first token is never chosen.
-const MAX_STEPS: usize = 100_000;
-
-/// Modelled seconds until `request`'s first token on `engine`, whose step under way ends in
-/// `busy_s`; `None` when the engine refuses the request (or it would take over [`MAX_STEPS`]).
-pub fn first_token_seconds(
-    engine: &Engine<SimBackend>,
-    request: NewRequest,
-    busy_s: f64,
-) -> Option<f64> {
-    let mut copy = engine.fork();
-    let id = request.id;
-    copy.add_request(request).ok()?;
-    let mut seconds = busy_s;
-    for _ in 0..MAX_STEPS {
-        let out = copy.step().ok()?;
-        seconds += out.modelled_duration.map_or(0.0, |d| d.as_secs_f64());
-        if out.tokens.iter().any(|t| t.id == id) {
-            return Some(seconds);
-        }
-        if !copy.has_work() {
-            return None;
-        }
-    }
-    None
+/// The routing the search kept for one figure, and how it got there.
+#[derive(Debug, Clone)]
+pub struct Searched {
+    pub figure: Figure,
+    pub outcome: Outcome,
+    /// The start it improved on.
+    pub start: String,
+    /// Replays run by the search (starts not counted), and how many of them it kept.
+    pub replays: usize,
+    pub kept: usize,
 }
 
-/// The replica whose first token comes soonest (ties: the first from `start`).
-pub fn choose(seconds: &[Option<f64>], start: usize) -> usize {
-    let at = |r: usize| seconds[r].unwrap_or(f64::INFINITY);
-    crate::peers::best_from(seconds.len(), start, at, true)
+/// The TTFT figures the oracle searches for.
+pub const FIGURES: [Figure; 3] = [Figure::Mean, Figure::P50, Figure::P90];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Figure {
+    Mean,
+    P50,
+    P90,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use kvgate_protocol::HashSeed;
-    use kvgate_worker::backend::profile::Profile;
-    use kvgate_worker::{EngineConfig, SamplingParams};
+impl Figure {
+    pub fn name(self) -> &'static str {
+        match self {
+            Figure::Mean => "mean",
+            Figure::P50 => "p50",
+            Figure::P90 => "p90",
+        }
+    }
 
-    fn engine() -> Engine<SimBackend> {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../config/profiles/h200-llama-3.1-8b-bf16.yaml"
+    pub fn of(self, s: &Stats) -> f64 {
+        match self {
+            Figure::Mean => s.mean,
+            Figure::P50 => s.p50,
+            Figure::P90 => s.p90,
+        }
+    }
+
+    /// Where in a run's TTFTs, sorted, lowering one lowers this figure: at and above its
+    /// quantile (anywhere for the mean, where the slowest count most).
+    fn quantile(self) -> Option<f64> {
+        match self {
+            Figure::Mean => None,
+            Figure::P50 => Some(0.5),
+            Figure::P90 => Some(0.9),
+        }
+    }
+}
+
+/// A run's routes with each turn's TTFT in it (warm-up left out, as in its summary).
+struct Candidate {
+    outcome: Outcome,
+    stats: Stats,
+    ttft: HashMap<Turn, f64>,
+}
+
+impl Candidate {
+    fn new(outcome: Outcome) -> Candidate {
+        let by_id: HashMap<u64, f64> = outcome
+            .records
+            .iter()
+            .filter(|r| !r.warmup && r.ok())
+            .filter_map(|r| Some((r.index as u64, r.ttft_s?)))
+            .collect();
+        let ttft = outcome
+            .routes
+            .iter()
+            .filter_map(|(turn, id, _)| Some((turn, *by_id.get(&id)?)))
+            .collect();
+        let summary = kvgate_bench::summarize(
+            &outcome.records,
+            Default::default(),
+            None,
+            Default::default(),
         );
-        let profile = Profile::load(std::path::Path::new(path)).unwrap();
-        let config = EngineConfig {
-            block_size: 16,
-            num_blocks: Some(1_024),
-            max_model_len: 8_192,
-            prefix_caching: true,
-            scheduler: Default::default(),
-            hash_seed: HashSeed::new("m", None, ""),
-            eos_token_ids: Vec::new(),
-        };
-        Engine::new(config, SimBackend::new(profile, 1_000, 32_000)).unwrap()
-    }
-
-    fn request(id: u64, prompt: Vec<u32>) -> NewRequest {
-        NewRequest {
-            id,
-            prompt,
-            params: SamplingParams {
-                max_tokens: 8,
-                ignore_eos: true,
-                ..Default::default()
-            },
-            priority: 0,
+        Candidate {
+            stats: summary.ttft_s,
+            ttft,
+            outcome,
         }
     }
 
-    #[test]
-    fn the_holder_wins_until_its_queue_costs_more_than_the_prefill() {
-        let shared: Vec<u32> = (1_000..3_048).collect();
-        let (cold, mut warm) = (engine(), engine());
-        warm.add_request(request(1, shared.clone())).unwrap();
-        while warm.has_work() {
-            warm.step().unwrap();
-        }
-        let mut prompt = shared.clone();
-        prompt.extend(5_000..5_064);
-        let soonest = |engines: [&Engine<SimBackend>; 2], busy: [f64; 2]| {
-            let s: Vec<Option<f64>> = engines
-                .iter()
-                .zip(busy)
-                .map(|(e, b)| first_token_seconds(e, request(9, prompt.clone()), b))
-                .collect();
-            (choose(&s, 0), s)
-        };
-        // Both idle: the one holding 2,048 of 2,112 tokens.
-        assert_eq!(soonest([&cold, &warm], [0.0, 0.0]).0, 1);
-        // Its step under way ends in a second: the cold one is sooner.
-        let (choice, s) = soonest([&cold, &warm], [0.0, 1.0]);
-        assert_eq!(choice, 0, "{s:?}");
-        // Looking ahead changed nothing.
-        assert_eq!(warm.stats().running + warm.stats().waiting, 0);
-        // Queued prompts count too: 16k tokens ahead on the warm one.
-        let mut busy = warm.fork();
-        for id in 20..28 {
-            busy.add_request(request(
-                id,
-                (0..2_048).map(|t| 40_000 + t + id as u32 * 3_000).collect(),
-            ))
-            .unwrap();
-        }
-        assert_eq!(soonest([&cold, &busy], [0.0, 0.0]).0, 0);
-        // A prompt no engine takes is never chosen.
-        assert_eq!(
-            first_token_seconds(&cold, request(30, vec![7; 9_000]), 0.0),
-            None
-        );
+    fn ttft(&self, turn: Turn) -> f64 {
+        self.ttft.get(&turn).copied().unwrap_or(f64::INFINITY)
     }
+
+    /// Lower is better: the figure, then the other figures (the sum of all three).
+    fn key(&self, figure: Figure) -> (f64, f64) {
+        let s = &self.stats;
+        (figure.of(s), s.mean + s.p50 + s.p90)
+    }
+
+    /// The turns whose TTFT sets `figure`, most telling first.
+    fn setting(&self, figure: Figure) -> Vec<Turn> {
+        let mut turns: Vec<(f64, Turn)> = self.ttft.iter().map(|(&t, &s)| (s, t)).collect();
+        turns.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let n = turns.len();
+        match figure.quantile() {
+            None => turns.into_iter().rev().map(|(_, t)| t).collect(),
+            Some(q) => {
+                let at = ((q * (n.max(1) - 1) as f64).floor() as usize).min(n.saturating_sub(1));
+                turns.into_iter().skip(at).map(|(_, t)| t).collect()
+            }
+        }
+    }
+
+    /// The turns in the order they were sent.
+    fn sent_order(&self) -> Vec<Turn> {
+        let mut order: Vec<(u64, Turn)> = self
+            .outcome
+            .routes
+            .iter()
+            .map(|(t, id, _)| (id, t))
+            .collect();
+        order.sort_unstable();
+        order.into_iter().map(|(_, t)| t).collect()
+    }
+}
+
+/// Searches for the routing of `jobs` with the lowest `figure`, starting from the runs in
+/// `starts` (name, outcome; at least one), with at most `budget` replays.
+pub fn search(
+    config: &SimConfig,
+    jobs: &[Job],
+    load: Load,
+    starts: &[(String, Outcome)],
+    figure: Figure,
+    budget: usize,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Searched, String> {
+    let mut starts: Vec<(&str, Candidate)> = starts
+        .iter()
+        .map(|(name, outcome)| (name.as_str(), Candidate::new(outcome.clone())))
+        .collect();
+    starts.sort_by(|a, b| {
+        let (ka, kb) = (a.1.key(figure), b.1.key(figure));
+        ka.partial_cmp(&kb).unwrap_or(Ordering::Equal)
+    });
+    let Some((start, first)) = starts.first() else {
+        return Err("the oracle needs at least one run to start from".into());
+    };
+    let mut search = Search {
+        best: Candidate::new(first.outcome.clone()),
+        replays: 0,
+        kept: 0,
+    };
+    let mut replay = |search: &mut Search, routes: Routes| -> Result<bool, String> {
+        if routes == search.best.outcome.routes {
+            return Ok(false);
+        }
+        search.replays += 1;
+        let router = Router::Replay(Arc::new(routes));
+        let tried = Candidate::new(simulate_with_progress(
+            config, jobs, load, &router, progress,
+        )?);
+        let better = tried.key(figure) < search.best.key(figure);
+        if better {
+            search.kept += 1;
+            search.best = tried;
+        }
+        Ok(better)
+    };
+    // Each turn where the run it was sent in gave it its soonest first token.
+    for (_, other) in starts.iter().skip(1) {
+        if search.replays >= budget {
+            break;
+        }
+        let mut mixed = search.best.outcome.routes.clone();
+        for (turn, _, replica) in other.outcome.routes.iter() {
+            if other.ttft(turn) < search.best.ttft(turn) {
+                mixed.set(turn, replica);
+            }
+        }
+        replay(&mut search, mixed)?;
+    }
+    // A stretch of the run at a time (in the order turns were sent) routed as the runner-up
+    // routed it.
+    if let Some((_, model)) = starts.get(1) {
+        for stretches in [4, 16] {
+            let order = search.best.sent_order();
+            let n = order.len();
+            for stretch in 0..stretches {
+                if search.replays >= budget {
+                    break;
+                }
+                let mut mixed = search.best.outcome.routes.clone();
+                for &turn in &order[stretch * n / stretches..(stretch + 1) * n / stretches] {
+                    if let Some(replica) = model.outcome.routes.replica(turn) {
+                        mixed.set(turn, replica);
+                    }
+                }
+                replay(&mut search, mixed)?;
+            }
+        }
+    }
+    // The turns that set the figure, each to where some start served it soonest (or, where
+    // every start sent it here, the next replica): many at once while that pays, fewer when
+    // it does not.
+    let elsewhere = |turn: Turn, here: usize| {
+        starts
+            .iter()
+            .filter_map(|(_, c)| Some((c.ttft(turn), c.outcome.routes.replica(turn)?)))
+            .filter(|&(_, r)| r != here)
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .map_or((here + 1) % config.replicas, |(_, r)| r)
+    };
+    let mut batch = (search.best.ttft.len() / 16).max(1);
+    let mut tried: HashSet<Turn> = HashSet::new();
+    while search.replays < budget {
+        let best = &search.best;
+        let turns: Vec<Turn> = best
+            .setting(figure)
+            .into_iter()
+            .filter(|t| !tried.contains(t))
+            .take(batch)
+            .collect();
+        if turns.is_empty() {
+            break;
+        }
+        let mut moved = best.outcome.routes.clone();
+        for &turn in &turns {
+            tried.insert(turn);
+            if let Some(here) = moved.replica(turn) {
+                moved.set(turn, elsewhere(turn, here));
+            }
+        }
+        if replay(&mut search, moved)? {
+            // What sets the figure has changed: every turn may be worth a try again.
+            tried.clear();
+        } else if batch > 1 {
+            batch /= 2;
+            for turn in turns {
+                tried.remove(&turn);
+            }
+        }
+    }
+    Ok(Searched {
+        figure,
+        outcome: search.best.outcome,
+        start: start.to_string(),
+        replays: search.replays,
+        kept: search.kept,
+    })
+}
+
+struct Search {
+    best: Candidate,
+    replays: usize,
+    kept: usize,
 }

@@ -1,7 +1,7 @@
 //! One simulated replica: the worker's engine on the sim backend, the step under way, and its
 //! agent — the KV events it has yet to report, and the reports it sends.
 
-use crate::oracle;
+use crate::lookahead;
 use crate::timeline::ReplicaSample;
 use kvgate_protocol::kv_events::{KvEventBatch, KvSnapshot, KV_EVENTS_VERSION};
 use kvgate_protocol::telemetry::{EngineLoad, KvUpdate, TelemetryReport, TELEMETRY_VERSION};
@@ -75,7 +75,7 @@ impl Replica {
     }
 
     /// Modelled seconds until `request`'s first token were it sent here at `now_us` (the
-    /// oracle's look-ahead).
+    /// look-ahead).
     pub fn first_token_seconds(
         &self,
         request: NewRequest,
@@ -83,7 +83,7 @@ impl Replica {
         time_scale: f64,
     ) -> Option<f64> {
         let busy_s = self.busy_until_us.saturating_sub(now_us) as f64 / 1e6 / time_scale;
-        oracle::first_token_seconds(&self.engine, request, busy_s)
+        lookahead::first_token_seconds(&self.engine, request, busy_s)
     }
 
     /// Its agent's report: the engine's load now, and the KV events since the last one (or a
