@@ -25,6 +25,10 @@ pub struct PolicyConfig {
     /// it, replicas holding a prefix every prompt shares could take all the traffic while one
     /// that does not hold it idles. 0 turns it off; else at least 1.
     pub imbalance_factor: f64,
+    /// No bounded-load cap (nor the imbalance guard) is below this many requests in flight:
+    /// an engine batches, so a replica with a few requests is not loaded, and spilling a
+    /// prefix from it only costs a prefill. At least 1.
+    pub min_load_cap: u32,
     /// Virtual nodes per replica on the consistent-hash ring.
     pub ring_vnodes: u32,
     /// The cold-prefix key hashes this many leading text chunks, or token blocks in token mode
@@ -48,6 +52,11 @@ pub struct PolicyConfig {
     pub kv_saturation: f64,
     /// ... and so is one whose agent reports this many requests queued.
     pub queue_saturation: u32,
+    /// The prefill signal counts each prompt token a replica would compute although another
+    /// candidate holds it this many times more: recomputing a held prefix delays everything
+    /// queued behind it there, and spreads copies that evict other prefixes. 0: every token
+    /// counts once.
+    pub recompute_penalty: f64,
 }
 
 impl Default for PolicyConfig {
@@ -57,6 +66,7 @@ impl Default for PolicyConfig {
             load_factor: 1.25,
             cached_load_bonus: 0.5,
             imbalance_factor: 3.0,
+            min_load_cap: 1,
             ring_vnodes: 40,
             ring_key_chunks: 4,
             chunk_bytes: 256,
@@ -66,6 +76,7 @@ impl Default for PolicyConfig {
             session_capacity: 100_000,
             kv_saturation: 0.9,
             queue_saturation: 16,
+            recompute_penalty: 0.0,
         }
     }
 }
@@ -152,6 +163,11 @@ impl PolicyConfig {
             ),
         );
         check(
+            (1..=100_000).contains(&self.min_load_cap),
+            "min_load_cap",
+            format!("must be between 1 and 100000, got {}", self.min_load_cap),
+        );
+        check(
             (1..=1024).contains(&self.ring_vnodes),
             "ring_vnodes",
             format!("must be between 1 and 1024, got {}", self.ring_vnodes),
@@ -178,6 +194,14 @@ impl PolicyConfig {
             self.kv_saturation > 0.0 && self.kv_saturation <= 1.0,
             "kv_saturation",
             format!("must be in (0, 1], got {}", self.kv_saturation),
+        );
+        check(
+            (0.0..=64.0).contains(&self.recompute_penalty),
+            "recompute_penalty",
+            format!(
+                "must be a number between 0 and 64, got {}",
+                self.recompute_penalty
+            ),
         );
         check(
             self.queue_saturation >= 1,

@@ -80,7 +80,7 @@ impl<'a> LoadCaps<'a> {
             // prefill each) to it.
             let idle = (config.imbalance_factor * f64::from(fleet.idlest.saturating_add(1))).ceil();
             let holder = caps.with_factor(config.load_factor + config.cached_load_bonus);
-            caps.imbalance = (idle as u32).max(holder);
+            caps.imbalance = (idle as u32).max(holder).max(config.min_load_cap);
         }
         caps
     }
@@ -92,11 +92,11 @@ impl<'a> LoadCaps<'a> {
         self.imbalance
     }
 
-    /// `ceil(factor * total / healthy)`, at least 1 (never over the guard, which is at least
-    /// a whole-prompt holder's cap).
+    /// `ceil(factor * total / healthy)`, at least `min_load_cap` and 1 (never over the
+    /// guard, which is at least a whole-prompt holder's cap).
     fn with_factor(&self, factor: f64) -> u32 {
         let cap = ((factor * self.total) / self.healthy).ceil() as u32;
-        cap.max(1)
+        cap.max(self.config.min_load_cap).max(1)
     }
 
     /// A replica's cap: the cold bound, raised by `cached_load_bonus` for the share of the

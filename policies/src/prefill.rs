@@ -5,11 +5,16 @@
 
 use crate::ReplicaView;
 
-/// A prompt's length in tokens and in the unit the prefix index counts (blocks or chunks).
+/// A prompt's length in tokens and in the unit the prefix index counts (blocks or chunks),
+/// and how its recompute is counted.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PromptWork {
     tokens: u64,
     blocks: f64,
+    /// The most of it any candidate holds, and what each token of that a replica would
+    /// recompute counts besides itself.
+    most_held: f64,
+    recompute_penalty: f64,
 }
 
 impl PromptWork {
@@ -17,6 +22,18 @@ impl PromptWork {
         PromptWork {
             tokens,
             blocks: blocks as f64,
+            most_held: 0.0,
+            recompute_penalty: 0.0,
+        }
+    }
+
+    /// Counts the tokens a replica would recompute, of the `most_held` blocks some candidate
+    /// holds, `penalty` times more.
+    pub fn with_recompute_penalty(self, most_held: f64, penalty: f64) -> Self {
+        PromptWork {
+            most_held,
+            recompute_penalty: penalty.max(0.0),
+            ..self
         }
     }
 
@@ -32,9 +49,15 @@ impl PromptWork {
     }
 
     /// The prefill ahead of this request's first token on `r`: its backlog and the part of
-    /// the prompt it does not hold.
+    /// the prompt it does not hold, that part's recompute of what another holds penalised.
     pub fn ahead_on(&self, r: &ReplicaView, held: f64) -> u64 {
-        r.prefill_backlog.saturating_add(self.uncached(held))
+        let recompute = self
+            .uncached(held)
+            .saturating_sub(self.uncached(self.most_held));
+        let penalty = (recompute as f64 * self.recompute_penalty).round() as u64;
+        r.prefill_backlog
+            .saturating_add(self.uncached(held))
+            .saturating_add(penalty)
     }
 
     /// The signal: `(least + prompt) / (work + prompt)`, 1 for the replica with the least work,

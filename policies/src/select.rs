@@ -267,7 +267,15 @@ impl Policy {
             .collect();
 
         // The least prefill work ahead of the first token on a replica below its hard limits.
-        let prompt = PromptWork::new(features.prompt_tokens, blocks);
+        let most_held = fleet
+            .replicas
+            .iter()
+            .zip(&limits)
+            .filter(|(r, l)| r.healthy && !l.full)
+            .map(|(r, _)| matched[r.id.0 as usize])
+            .fold(0.0, f64::max);
+        let prompt = PromptWork::new(features.prompt_tokens, blocks)
+            .with_recompute_penalty(most_held, c.recompute_penalty);
         let least_work = fleet
             .replicas
             .iter()

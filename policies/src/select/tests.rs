@@ -129,6 +129,40 @@ fn saturated_holder_yields_its_prefix() {
 }
 
 #[test]
+fn below_the_min_load_cap_a_holder_keeps_its_prefix() {
+    // 5 in flight on the holder: over ceil(1.25 * 6 / 3) = 3, under a floor of 8.
+    let config = PolicyConfig {
+        min_load_cap: 8,
+        cached_load_bonus: 0.0,
+        ..Default::default()
+    };
+    let mut p = policy_with(3, config);
+    let f = features(7, &[1, 2]);
+    let owner = place_on_idle(&mut p, &f);
+    let mut loads = [0u32; 3];
+    loads[owner.0 as usize] = 5;
+    let d = p.select(
+        &f,
+        FleetView {
+            replicas: &view(&loads),
+        },
+    );
+    assert_eq!(d.load_bound, 8);
+    let held = d.ranked.iter().find(|c| c.replica == owner).unwrap();
+    assert!(!held.saturated && held.signals[Signal::Prefix] == 1.0);
+    // At the floor it yields as it would at any cap.
+    loads[owner.0 as usize] = 8;
+    let d = p.select(
+        &f,
+        FleetView {
+            replicas: &view(&loads),
+        },
+    );
+    let held = d.ranked.iter().find(|c| c.replica == owner).unwrap();
+    assert!(held.saturated && held.signals[Signal::Prefix] == 0.0);
+}
+
+#[test]
 fn cached_load_bonus_keeps_a_prompt_home_past_the_cold_bound() {
     let config = PolicyConfig {
         cached_load_bonus: 0.5,
@@ -261,6 +295,41 @@ fn a_held_prompt_outweighs_a_short_backlog() {
     // 500 tokens ahead at home against 1,000 to compute anywhere else.
     assert_eq!(d.ranked[0].signals[Signal::Prefill], 1.0);
     assert_eq!(d.ranked[1].signals[Signal::Prefill], 0.75);
+}
+
+#[test]
+fn the_recompute_penalty_keeps_a_holder_past_a_backlog_longer_than_the_prompt() {
+    let only_prefill = |penalty: f64| {
+        let mut weights = crate::Weights(BySignal::default());
+        weights.0[Signal::Prefill] = 1.0;
+        PolicyConfig {
+            weights,
+            recompute_penalty: penalty,
+            ..Default::default()
+        }
+    };
+    let f = RequestFeatures {
+        prompt_tokens: 1_000,
+        ..features(7, &[1, 2, 3, 4])
+    };
+    let again = RequestFeatures {
+        ring_key: 999,
+        ..f.clone()
+    };
+    for (penalty, holder_wins) in [(0.0, false), (1.0, true)] {
+        let mut p = policy_with(2, only_prefill(penalty));
+        let home = place_on_idle(&mut p, &f);
+        let mut fleet = view(&[1, 1]);
+        // 1,500 tokens ahead at home; elsewhere all 1,000 again, counted twice with the
+        // penalty.
+        fleet[home.0 as usize].prefill_backlog = 1_500;
+        let d = p.select(&again, FleetView { replicas: &fleet });
+        assert_eq!(
+            d.ranked[0].replica == home,
+            holder_wins,
+            "penalty {penalty}"
+        );
+    }
 }
 
 #[test]
