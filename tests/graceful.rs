@@ -24,18 +24,6 @@ fn streaming(url: String, words: usize) -> tokio::task::JoinHandle<Answer> {
     })
 }
 
-/// Waits for the process to exit (30 s at most).
-fn exits(proc: &mut Proc) -> std::process::ExitStatus {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(status) = proc.child.try_wait().unwrap() {
-            return status;
-        }
-        assert!(Instant::now() < deadline, "{} did not exit", proc.name);
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// Waits until the worker has `n` requests in flight.
 async fn in_flight(w: &Worker, n: u64) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -67,7 +55,7 @@ async fn sigterm_lets_streams_in_flight_finish() {
     assert!(answer.done && !answer.stream_error, "{answer:?}");
     assert_eq!(answer.text.split_whitespace().count(), 40, "{answer:?}");
     // Nothing left in flight: it exits without sleeping out the grace period.
-    let status = exits(&mut gw.proc);
+    let status = gw.proc.exits();
     assert!(status.success(), "{status}");
 }
 
@@ -83,7 +71,7 @@ async fn streams_still_running_when_the_grace_period_ends_get_an_error_event() {
         answer.stream_error && !answer.done,
         "cut without a word: {answer:?}"
     );
-    assert!(exits(&mut gw.proc).success());
+    assert!(gw.proc.exits().success());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -129,7 +117,7 @@ async fn a_graceful_upgrade_loses_no_request() {
     let answer = long.await.unwrap();
     assert!(answer.done && !answer.stream_error, "{answer:?}");
     assert!(
-        exits(&mut old.proc).success(),
+        old.proc.exits().success(),
         "the old gateway exits once drained"
     );
     assert!(
@@ -173,5 +161,5 @@ async fn a_worker_on_sigterm_finishes_its_streams_and_refuses_new_connections() 
     }
     let answer = stream.await.unwrap();
     assert!(answer.done && !answer.stream_error, "{answer:?}");
-    assert!(exits(&mut w.proc).success());
+    assert!(w.proc.exits().success());
 }

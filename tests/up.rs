@@ -92,7 +92,7 @@ async fn assert_nothing_left(root: u32, what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kvgate_up_runs_a_fleet_under_agents_and_stops_it() {
-    let up = start_up(2);
+    let mut up = start_up(2);
     let admin = format!("http://127.0.0.1:{}", up.admin_port);
     wait_ok(&format!("{admin}/health")).await;
     let dir = private_dir(up.port).expect("the private directory");
@@ -179,6 +179,8 @@ async fn kvgate_up_runs_a_fleet_under_agents_and_stops_it() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+    // Its children gone, `up` itself may still be cleaning up.
+    assert!(up.proc.exits().success());
     assert!(
         private_dir(up.port).is_none(),
         "the private directory is removed"

@@ -21,6 +21,18 @@ impl Proc {
         let _ = self.child.wait();
     }
 
+    /// Waits for it to exit (30 s at most).
+    pub fn exits(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "{} did not exit", self.name);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     pub fn signal(&self, signal: &str) {
         let status = Command::new("kill")
             .args([&format!("-{signal}"), &self.child.id().to_string()])
