@@ -48,6 +48,11 @@ pub struct SimArgs {
     gateway_jitter_ms: f64,
     #[arg(long, default_value_t = 0)]
     jitter_seed: u64,
+    /// Gateways tell each other where they send each request (kvgate's policies: the prefix
+    /// and session the others then assume there), arriving after this many ms; default: they
+    /// do not.
+    #[arg(long)]
+    gateway_exchange_ms: Option<u64>,
     /// A turn's answer comes back in the next turn as other tokens than those generated (as
     /// with `kvgate worker --backend sim`, whose random tokens do not survive detokenizing and
     /// tokenizing again), so only the previous prompt's blocks are reused. Default: a real
@@ -170,6 +175,7 @@ pub fn run(args: SimArgs) -> Result<(), String> {
         gateway_delay_us: (args.gateway_delay_ms * 1e3) as u64,
         gateway_jitter_us: (args.gateway_jitter_ms * 1e3) as u64,
         jitter_seed: args.jitter_seed,
+        exchange_delay_ms: args.gateway_exchange_ms,
         answers_round_trip: !args.answers_retokenize,
         sample_interval_ms: args
             .sample_ms

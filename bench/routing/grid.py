@@ -20,7 +20,9 @@ OUT/grid.json, OUT/grid.md (the table) and OUT/heat_*.svg (one heat map per rati
 load), and prints the table and the goals' summary.
 
 Usage: bench/routing/grid.py [--out DIR] [--seeds 3] [--jobs 2] [--only SUBSTRING]
-                             [--oracle-replays 16] [--try POLICY.yaml ...]
+                             [--oracle-replays 16] [--exchange-ms MS] [--try POLICY.yaml ...]
+--exchange-ms MS also runs kvgate on the many-gateway shapes with the gateways telling each
+other their decisions (`kvgate sim --gateway-exchange-ms`) and adds a table of it.
 --try runs kvgate policy files on every cell too (OUT/cells/CELL/seedN/try/NAME/) and adds them
 to the table of each preset's P90 over the best peer's across the grid, beside the default's.
 """
@@ -234,6 +236,35 @@ def aggregate(per_seed):
     return cell
 
 
+def exchange_table(args, caps, cells):
+    """kvgate on the many-gateway shapes with the gateways exchanging decisions, beside the
+    same shapes without and through one gateway."""
+    def run(shape, fraction, seed):
+        out = os.path.join(args.out, "exchange", f"{safe(shape)}@{fraction}", f"seed{seed}")
+        if not os.path.exists(os.path.join(out, "kvgate", "summary.json")):
+            sim(flags(shape, seed) + load_flags(shape, fraction, caps[shape])
+                + ["--gateway-exchange-ms", str(args.exchange_ms), "--policy", "kvgate"], out)
+        return summary(out, "kvgate")["ttft_s"]["p90"] * 1e3, replicas_per_group(out, "kvgate")
+    lines = [f"| shape | load | kvgate P90 ms, one gateway | without the exchange | with it "
+             f"({args.exchange_ms} ms) | replicas per group, without | with |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    seeds = range(1, args.seeds + 1)
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        for many, one in MANY_GATEWAYS:
+            if many not in caps or f"{one}@{LOADS[0]}" not in cells:
+                continue
+            for load in LOADS:
+                r = list(pool.map(lambda seed: run(many, load, seed), seeds))
+                p90, rpg = (statistics.median(x[i] for x in r) for i in (0, 1))
+                a, b = cells[f"{many}@{load}"], cells[f"{one}@{load}"]
+                base = b["p90_ms"]["kvgate"]
+                lines.append(f"| {many} | {load} | {base:.1f} | {a['p90_ms']['kvgate']:.1f} "
+                             f"({a['p90_ms']['kvgate'] / base:.2f}×) | {p90:.1f} "
+                             f"({p90 / base:.2f}×) | {a['replicas_per_group']:.2f} | "
+                             f"{rpg:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def tries_table(cells):
     """Each preset's and tried policy's P90 over the best peer's across the grid, beside the
     default's."""
@@ -290,6 +321,9 @@ def main():
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--only", default="")
     ap.add_argument("--oracle-replays", type=int, default=16)
+    ap.add_argument("--exchange-ms", type=int, default=None,
+                    help="also run kvgate on the many-gateway shapes with gateways telling "
+                         "each other their decisions after this many ms")
     ap.add_argument("--try", dest="tries", nargs="*", default=[], metavar="POLICY.yaml",
                     help="policy files to try on every cell beside the default")
     args = ap.parse_args()
@@ -344,6 +378,8 @@ def main():
     text = ("\n".join(table) + "\n\n" + "\n".join(goals) + "\n\n" + "\n".join(gateways)
             + "\n")
     text += "\n" + tries_table(cells)
+    if args.exchange_ms is not None:
+        text += "\n" + exchange_table(args, caps, cells)
     with open(os.path.join(args.out, "grid.md"), "w") as f:
         f.write(text)
     print(text)

@@ -373,6 +373,15 @@ impl FleetState {
         self.policy.record_choice(choice, features);
     }
 
+    /// Another gateway sent a request with these features to `replica`: its prefix (and
+    /// session) are assumed there as if this gateway had sent it, though it is not in flight
+    /// here.
+    pub fn peer_sent(&mut self, replica: ReplicaId, features: &RequestFeatures) {
+        if self.replicas.get(replica).is_some() {
+            self.policy.record(replica, features);
+        }
+    }
+
     /// The request's first token arrived: its prompt is no longer queued prefill.
     pub fn first_token(&mut self, request: RequestId) {
         let Some(sent) = self.requests.get_mut(&request) else {

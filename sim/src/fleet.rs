@@ -7,7 +7,7 @@ use crate::routers::{Router, Routes, Turn};
 use crate::timeline::Timeline;
 use crate::tokens;
 use kvgate_bench::{Job, Load, RequestRecord};
-use kvgate_policies::{ReplicaId, ReplicaSpec, ReportAges};
+use kvgate_policies::{ReplicaId, ReplicaSpec, ReportAges, RequestFeatures};
 use kvgate_protocol::telemetry::{KvUpdate, TelemetryReport};
 use kvgate_protocol::HashSeed;
 use kvgate_worker::backend::profile::Profile;
@@ -52,6 +52,10 @@ pub struct SimConfig {
     /// prompt is reused).
     pub answers_round_trip: bool,
     pub jitter_seed: u64,
+    /// Gateways tell each other where they sent each request (kvgate's decisions: the prefix
+    /// and session each other gateway then assumes there) after this long; `None`: they do
+    /// not, each knowing only its own decisions and the agents' reports.
+    pub exchange_delay_ms: Option<u64>,
     /// How often each replica's load and KV use is sampled for the timeline (0: never).
     pub sample_interval_ms: u64,
 }
@@ -99,6 +103,9 @@ enum Event {
     Deliver,
     /// Every replica's load and KV use is recorded.
     Sample,
+    /// The oldest decision in flight between gateways reaches the others (all take the same
+    /// delay).
+    Exchange,
 }
 
 /// A job's progress: its turns so far, as token ids (each turn's prompt and answer).
@@ -132,6 +139,9 @@ struct Sim<'a> {
     sent: HashMap<u64, Sent>,
     /// Reports sent and not yet delivered, oldest first.
     reports_in_flight: VecDeque<(usize, TelemetryReport, KvUpdate)>,
+    /// Decisions one gateway sent the others, not yet delivered, oldest first: from, replica,
+    /// the request's features.
+    decisions_in_flight: VecDeque<(usize, usize, RequestFeatures)>,
     next_request: u64,
     next_job: usize,
     jobs_done: usize,
@@ -224,7 +234,10 @@ impl<'a> Sim<'a> {
             block_size: config.block_size,
         };
         let gateways = (0..config.gateways)
-            .map(|_| Gateway::new(router, &specs, ages, &served))
+            .map(|_| {
+                let shares = config.exchange_delay_ms.is_some() && config.gateways > 1;
+                Gateway::new(router, &specs, ages, &served, shares)
+            })
             .collect();
         Ok(Sim {
             config,
@@ -246,6 +259,7 @@ impl<'a> Sim<'a> {
                 .collect(),
             sent: HashMap::new(),
             reports_in_flight: VecDeque::new(),
+            decisions_in_flight: VecDeque::new(),
             next_request: 0,
             next_job: 0,
             jobs_done: 0,
@@ -287,6 +301,7 @@ impl<'a> Sim<'a> {
                     self.push(at + interval_us, Event::Report { replica });
                 }
                 Event::Deliver => self.deliver(),
+                Event::Exchange => self.exchange(),
                 Event::Sample if running => {
                     self.sample();
                     self.push(at + self.config.sample_interval_ms * 1_000, Event::Sample);
@@ -376,6 +391,13 @@ impl<'a> Sim<'a> {
         };
         let replica = self.gateways[gateway].route(&incoming, &self.served, &first_tokens);
         self.routes.insert(turn, id, replica);
+        if let (Some(delay_ms), Some((to, features))) = (
+            self.config.exchange_delay_ms,
+            self.gateways[gateway].outbox.take(),
+        ) {
+            self.decisions_in_flight.push_back((gateway, to, features));
+            self.push(self.now_us + delay_ms * 1_000, Event::Exchange);
+        }
         self.sent.insert(
             id,
             Sent {
@@ -547,6 +569,17 @@ impl<'a> Sim<'a> {
         for gateway in &mut self.gateways {
             if gateway.report(replica, &report, &update, now_ms) {
                 self.replicas[replica].needs_snapshot = true;
+            }
+        }
+    }
+
+    fn exchange(&mut self) {
+        let Some((from, replica, features)) = self.decisions_in_flight.pop_front() else {
+            return;
+        };
+        for (g, gateway) in self.gateways.iter_mut().enumerate() {
+            if g != from {
+                gateway.peer_sent(replica, &features);
             }
         }
     }

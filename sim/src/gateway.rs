@@ -48,14 +48,19 @@ pub(crate) struct Gateway {
     in_flight: Vec<u32>,
     /// Requests it has sent.
     sent: usize,
+    /// Its last kvgate decision, kept for the other gateways when gateways exchange them.
+    pub outbox: Option<(usize, RequestFeatures)>,
+    shares: bool,
 }
 
 impl Gateway {
+    /// `shares`: its kvgate decisions go to the other gateways (see [`Gateway::outbox`]).
     pub fn new(
         router: &Router,
         specs: &[(ReplicaId, ReplicaSpec)],
         ages: ReportAges,
         served: &Served,
+        shares: bool,
     ) -> Self {
         let n = specs.len();
         let policy = match router {
@@ -83,6 +88,8 @@ impl Gateway {
             routing,
             in_flight: vec![0; n],
             sent: 0,
+            outbox: None,
+            shares,
         }
     }
 
@@ -174,9 +181,19 @@ impl Gateway {
             features: &features,
         };
         let n = self.in_flight.len();
-        self.fleet
+        let replica = self
+            .fleet
             .route(request.id, &ask, now_ms, 1)
-            .map_or(request.id as usize % n, |d| d.ranked[0].replica.0 as usize)
+            .map_or(request.id as usize % n, |d| d.ranked[0].replica.0 as usize);
+        if self.shares {
+            self.outbox = Some((replica, features));
+        }
+        replica
+    }
+
+    /// Another gateway's decision reaches this one.
+    pub fn peer_sent(&mut self, replica: usize, features: &RequestFeatures) {
+        self.fleet.peer_sent(ReplicaId(replica as u32), features);
     }
 
     pub fn first_token(&mut self, id: u64) {

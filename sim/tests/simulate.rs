@@ -28,6 +28,7 @@ fn config(replicas: usize, gateways: usize) -> SimConfig {
         jitter_seed: 0,
         answers_round_trip: true,
         sample_interval_ms: 100,
+        exchange_delay_ms: None,
     }
 }
 
@@ -378,4 +379,43 @@ fn gateway_jitter_draws_each_delay_from_its_range_by_seed() {
     }
     assert_ne!(a, b, "another seed, other draws");
     assert_eq!(a, ttfts(&run(4_000, 1)), "the same seed, the same draws");
+}
+
+#[test]
+fn gateways_that_exchange_decisions_agree_on_where_prefixes_live() {
+    let jobs = Workload::SharedPrefix {
+        groups: 16,
+        prompts_per_group: 25,
+        system_len: 1024,
+        question_len: 64,
+        output_len: 32,
+    }
+    .jobs(400, 2)
+    .unwrap();
+    let replicas_per_group = |exchange_delay_ms| {
+        let fleet = SimConfig {
+            exchange_delay_ms,
+            ..config(4, 8)
+        };
+        let o = simulate(
+            &fleet,
+            &jobs,
+            Load::Rate(390.0),
+            &Router::Kvgate(Default::default()),
+        )
+        .unwrap();
+        let mut groups: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
+            Default::default();
+        for r in &o.records {
+            if let (Some(g), Some(rep)) = (&r.group, &r.replica) {
+                groups.entry(g.clone()).or_default().insert(rep.clone());
+            }
+        }
+        groups.values().map(|r| r.len()).sum::<usize>() as f64 / groups.len() as f64
+    };
+    let (alone, told) = (replicas_per_group(None), replicas_per_group(Some(5)));
+    assert!(
+        told < alone,
+        "{told} replicas per group, {alone} without the exchange"
+    );
 }
