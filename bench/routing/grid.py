@@ -10,7 +10,8 @@ gateways. A shape's capacity is kvgate's throughput in a closed loop of 32 jobs 
 open-loop shapes are then sent at a Poisson rate of that fraction, traces sped up to it.
 
 Each cell runs kvgate's default, its presets, the peers' algorithms and the oracle over
---seeds seeds (arrivals and prompts). Per cell: kvgate's P90 TTFT over the best peer's, over
+--seeds seeds (arrivals and prompts; a trace is one arrival sequence, so its seeds draw 0.5 ms
+of gateway jitter per request instead). Per cell: kvgate's P90 TTFT over the best peer's, over
 SGLang's cache_aware, round-robin's and the oracle's; its cached ratio over the best peer's;
 its per-replica spread (most over fewest requests) over the best peer's. Each ratio is the
 median over the seeds, with its noise (half the range over the seeds).
@@ -99,6 +100,9 @@ def flags(shape, seed):
     elif "--groups" in workload and "--prompts-per-group" not in workload:
         groups = int(workload[workload.index("--groups") + 1])
         workload += ["--prompts-per-group", str(max(1, -(-requests // groups)))]
+    if is_trace(shape):
+        # A trace is one arrival sequence: its seeds draw the gateways' timing noise instead.
+        workload += ["--gateway-jitter-ms", "0.5", "--jitter-seed", str(seed)]
     blocks = blocks or 4096
     # An engine's pool holds at least one request of the context length.
     max_model_len = min(40_000, blocks * 16)

@@ -25,9 +25,9 @@ pub struct PolicyConfig {
     /// it, replicas holding a prefix every prompt shares could take all the traffic while one
     /// that does not hold it idles. 0 turns it off; else at least 1.
     pub imbalance_factor: f64,
-    /// No bounded-load cap (nor the imbalance guard) is below this many requests in flight:
-    /// an engine batches, so a replica with a few requests is not loaded, and spilling a
-    /// prefix from it only costs a prefill. At least 1.
+    /// No bounded-load cap is below this many requests in flight (nor the imbalance guard,
+    /// which is never below a holder's cap): an engine batches, so a replica with a few
+    /// requests is not loaded, and spilling a prefix from it only costs a prefill. At least 1.
     pub min_load_cap: u32,
     /// Virtual nodes per replica on the consistent-hash ring.
     pub ring_vnodes: u32,

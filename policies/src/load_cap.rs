@@ -80,7 +80,7 @@ impl<'a> LoadCaps<'a> {
             // prefill each) to it.
             let idle = (config.imbalance_factor * f64::from(fleet.idlest.saturating_add(1))).ceil();
             let holder = caps.with_factor(config.load_factor + config.cached_load_bonus);
-            caps.imbalance = (idle as u32).max(holder).max(config.min_load_cap);
+            caps.imbalance = (idle as u32).max(holder);
         }
         caps
     }

@@ -354,7 +354,8 @@ proptest! {
     /// flight never pushes a replica past ceil(c * total / n) for cold prefixes, nor past
     /// ceil((c + bonus) * total / n) where it holds the prompt, unless the prefill signal
     /// (load in tokens) keeps it there; and nothing, whatever the prefill backlogs, pushes
-    /// a replica past the imbalance guard.
+    /// a replica past the imbalance guard. Every cap is at least `min_load_cap`, and the
+    /// recompute penalty changes none of it.
     #[test]
     fn bounded_load_holds(
         requests in prop::collection::vec((any::<u64>(), 0u64..6, 0u64..20_000), 1..200),
@@ -362,8 +363,16 @@ proptest! {
         bonus in prop::sample::select(vec![0.0, 0.5, 1.0]),
         imbalance in prop::sample::select(vec![0.0, 2.0, 3.0]),
         prefill in prop::sample::select(vec![0.0, 6.0]),
+        min_cap in prop::sample::select(vec![1u32, 4, 8]),
+        penalty in prop::sample::select(vec![0.0, 1.0, 4.0]),
     ) {
-        let mut config = PolicyConfig { cached_load_bonus: bonus, imbalance_factor: imbalance, ..Default::default() };
+        let mut config = PolicyConfig {
+            cached_load_bonus: bonus,
+            imbalance_factor: imbalance,
+            min_load_cap: min_cap,
+            recompute_penalty: penalty,
+            ..Default::default()
+        };
         config.weights.0[Signal::Prefill] = prefill;
         let mut p = policy_with(n, config);
         let c = p.config().load_factor;
@@ -385,7 +394,7 @@ proptest! {
             p.record_choice(&pick, &f);
             let i = pick.replica.0 as usize;
             loads[i] += 1;
-            let cap_at = |factor: f64| ((factor * (k + 1) as f64 / f64::from(n)).ceil() as u32).max(1);
+            let cap_at = |factor: f64| ((factor * (k + 1) as f64 / f64::from(n)).ceil() as u32).max(min_cap);
             let cap = cap_at(if pick.prefix_blocks > 0.0 { c + bonus } else { c });
             prop_assert!(pick.load_cap <= cap);
             if prefill == 0.0 {
