@@ -195,6 +195,9 @@ pub fn run(args: SimArgs) -> Result<(), String> {
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut results: Vec<(String, Summary)> = Vec::new();
     let mut outcomes: Vec<(String, Outcome)> = Vec::new();
+    // The routers those runs used: a start is skipped only where the same router ran (a
+    // policy file may be named like a peer).
+    let mut ran: Vec<Router> = Vec::new();
     let mut searched = Vec::new();
     for (name, policy) in &policies {
         let labels = BTreeMap::from([
@@ -216,10 +219,10 @@ pub fn run(args: SimArgs) -> Result<(), String> {
             Policy::Oracle => {
                 let started = Instant::now();
                 let mut starts = outcomes.clone();
-                for (start, router) in oracle_starts()? {
-                    if !starts.iter().any(|(n, _)| *n == start) {
-                        starts.push((start.clone(), run_one(&start, &router)?.0));
-                    }
+                let names: Vec<&str> = outcomes.iter().map(|(n, _)| n.as_str()).collect();
+                for (start, router) in oracle_starts(&ran, &names)? {
+                    let outcome = run_one(&start, &router)?.0;
+                    starts.push((start, outcome));
                 }
                 for figure in kvgate_sim::FIGURES {
                     let mut bar = ProgressBar::new(name, show_progress);
@@ -253,8 +256,9 @@ pub fn run(args: SimArgs) -> Result<(), String> {
             outcome.events as f64 / wall.max(1e-9),
         );
         results.push((name.clone(), summary));
-        if matches!(policy, Policy::Route(_)) {
+        if let Policy::Route(router) = policy {
             outcomes.push((name.clone(), outcome));
+            ran.push(router.clone());
         }
     }
     if let Some(ideal) = ideal {
@@ -313,9 +317,10 @@ fn oracle_summary(
     Ok((summary, p90.outcome.clone()))
 }
 
-/// What the oracle starts from besides the run's own policies: every router and preset, so
-/// that it is a bound on each whichever of them a run names.
-fn oracle_starts() -> Result<Vec<(String, Router)>, String> {
+/// What the oracle starts from besides the run's own policies (those routers `ran`, under
+/// `names`): every router and preset they are not, so that it is a bound on each whichever of
+/// them a run names; one whose name a policy file took is renamed.
+fn oracle_starts(ran: &[Router], names: &[&str]) -> Result<Vec<(String, Router)>, String> {
     let mut starts = Vec::new();
     for name in kvgate_sim::NAMES {
         if let Policy::Route(router) = Policy::named(name)? {
@@ -323,12 +328,23 @@ fn oracle_starts() -> Result<Vec<(String, Router)>, String> {
         }
     }
     for preset in kvgate_router::config::preset_names() {
-        starts.push((
-            preset.to_string(),
-            Router::Kvgate(kvgate_router::config::preset(preset)?),
-        ));
+        let router = Router::Kvgate(kvgate_router::config::preset(preset)?);
+        // `balanced` is the default `kvgate` already starts from.
+        if !starts.iter().any(|(_, r)| *r == router) {
+            starts.push((preset.to_string(), router));
+        }
     }
-    Ok(starts)
+    Ok(starts
+        .into_iter()
+        .filter(|(_, router)| !ran.contains(router))
+        .map(|(name, router)| {
+            if names.contains(&name.as_str()) {
+                (format!("{name} (built in)"), router)
+            } else {
+                (name, router)
+            }
+        })
+        .collect())
 }
 
 /// Each `--policy` as (its results directory, its policy), checked before anything runs.
@@ -425,5 +441,38 @@ impl<'a> ProgressBar<'a> {
         if self.drawn.is_some() {
             eprint!("\r{}\r", " ".repeat(100));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_oracle_starts_from_every_router_the_run_did_not_run() {
+        let all = oracle_starts(&[], &[]).unwrap();
+        assert!(all
+            .iter()
+            .any(|(n, r)| n == "round-robin" && *r == Router::RoundRobin));
+        assert!(all.iter().any(|(n, _)| n == "cache-first"));
+        let routers: Vec<&Router> = all.iter().map(|(_, r)| r).collect();
+        assert!(
+            routers
+                .iter()
+                .enumerate()
+                .all(|(i, r)| !routers[..i].contains(r)),
+            "each router once"
+        );
+        // The run's own round-robin is not run again.
+        let rest = oracle_starts(&[Router::RoundRobin], &["round-robin"]).unwrap();
+        assert_eq!(rest.len(), all.len() - 1);
+        assert!(!rest.iter().any(|(_, r)| *r == Router::RoundRobin));
+        // A policy file named round-robin does not stand in for it.
+        let file = Router::Kvgate(kvgate_router::config::preset("cache-first").unwrap());
+        let named = oracle_starts(std::slice::from_ref(&file), &["round-robin"]).unwrap();
+        assert!(named
+            .iter()
+            .any(|(n, r)| n == "round-robin (built in)" && *r == Router::RoundRobin));
+        assert!(!named.iter().any(|(_, r)| *r == file));
     }
 }
