@@ -28,7 +28,8 @@ pub struct SimArgs {
     block_size: usize,
     #[arg(long, default_value_t = 32_768)]
     max_model_len: usize,
-    /// How often each agent reports, and how long its report takes to reach the gateways.
+    /// How often each agent reports, and how long its report takes to reach the gateways (each
+    /// at most an hour).
     #[arg(long, default_value_t = 100)]
     report_interval_ms: u64,
     #[arg(long, default_value_t = 5)]
@@ -49,8 +50,8 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 0)]
     jitter_seed: u64,
     /// Gateways tell each other where they send each request (kvgate's policies: the prefix
-    /// and session the others then assume there), arriving after this many ms; default: they
-    /// do not.
+    /// and session the others then assume there), arriving after this many ms (at most an
+    /// hour); default: they do not.
     #[arg(long)]
     gateway_exchange_ms: Option<u64>,
     /// A turn's answer comes back in the next turn as other tokens than those generated (as
@@ -74,11 +75,12 @@ pub struct SimArgs {
     /// engine), or the oracle (the best routing its search finds, run after the others).
     #[arg(long = "policy", required = true)]
     policies: Vec<String>,
-    /// Replays the oracle's search may run after its starts (every other policy and preset).
+    /// Replays the oracle's search may run per figure after its starts (every other policy and
+    /// preset), at most 10,000.
     #[arg(long, default_value_t = 32)]
     oracle_replays: usize,
     /// Each replica's load and KV use is sampled this often for replicas.csv and the plots
-    /// (default: 100 ms, and 100 ms more per 64 replicas, to bound the file).
+    /// (default: 100 ms, and 100 ms more per 64 replicas, to bound the file; at most an hour).
     #[arg(long)]
     sample_ms: Option<u64>,
     /// No progress line.
@@ -100,6 +102,10 @@ const MAX_GATEWAYS: usize = 256;
 const MAX_RUN_BYTES: usize = 8 << 30;
 const BYTES_PER_BLOCK: usize = 300;
 const BYTES_PER_INDEX_ENTRY: usize = 40;
+/// Report, exchange and sample intervals at most, in ms (an hour).
+const MAX_INTERVAL_MS: u64 = 3_600_000;
+/// The oracle's replays per figure at most: each is a whole run.
+const MAX_ORACLE_REPLAYS: usize = 10_000;
 /// KV blocks fleet-wide at most with the look-ahead: each of its decisions copies every
 /// replica's engine, pool included (64 replicas of the default profile's ~53k blocks fit).
 const ORACLE_MAX_FLEET_BLOCKS: usize = 4 << 20;
@@ -126,6 +132,25 @@ pub fn run(args: SimArgs) -> Result<(), String> {
         return Err(format!(
             "--worker-time-scale must be a positive number, got {}",
             args.worker_time_scale
+        ));
+    }
+    // Whole milliseconds become microseconds of virtual time: bounded, so none overflows.
+    for (flag, ms) in [
+        ("--report-interval-ms", Some(args.report_interval_ms)),
+        ("--report-delay-ms", Some(args.report_delay_ms)),
+        ("--gateway-exchange-ms", args.gateway_exchange_ms),
+        ("--sample-ms", args.sample_ms),
+    ] {
+        if let Some(ms) = ms.filter(|&ms| ms > MAX_INTERVAL_MS) {
+            return Err(format!(
+                "{flag} must be between 0 and {MAX_INTERVAL_MS}, got {ms}"
+            ));
+        }
+    }
+    if args.oracle_replays > MAX_ORACLE_REPLAYS {
+        return Err(format!(
+            "--oracle-replays must be at most {MAX_ORACLE_REPLAYS}, got {}",
+            args.oracle_replays
         ));
     }
     for (flag, ms) in [
