@@ -102,6 +102,8 @@ const MAX_GATEWAYS: usize = 256;
 const MAX_RUN_BYTES: usize = 8 << 30;
 const BYTES_PER_BLOCK: usize = 300;
 const BYTES_PER_INDEX_ENTRY: usize = 40;
+/// Tokens per KV block at most.
+const MAX_BLOCK_SIZE: usize = 1_024;
 /// Report, exchange and sample intervals at most, in ms (an hour).
 const MAX_INTERVAL_MS: u64 = 3_600_000;
 /// The oracle's replays per figure at most: each is a whole run.
@@ -161,6 +163,12 @@ pub fn run(args: SimArgs) -> Result<(), String> {
             return Err(format!("{flag} must be between 0 and 60000, got {ms}"));
         }
     }
+    if !(1..=MAX_BLOCK_SIZE).contains(&args.block_size) || args.max_model_len == 0 {
+        return Err(format!(
+            "--block-size must be between 1 and {MAX_BLOCK_SIZE} and --max-model-len at least 1, got {} and {}",
+            args.block_size, args.max_model_len
+        ));
+    }
     let profile = Profile::load(&args.profile)?;
     let blocks = args
         .num_blocks
@@ -206,6 +214,7 @@ pub fn run(args: SimArgs) -> Result<(), String> {
             .sample_ms
             .unwrap_or(100 * args.replicas.div_ceil(64) as u64),
     };
+    kvgate_sim::check(&config)?;
     let jobs = workload.jobs(args.load.requests, args.load.seed)?;
     let ideal = workload.ideal_cached_ratio(&jobs, args.warmup);
     let show_progress = !args.quiet && std::io::stderr().is_terminal();

@@ -327,6 +327,32 @@ fn bad_input_is_refused_with_its_reason() {
                 "kvgate",
                 "--workload",
                 "shared-prefix",
+                "--block-size",
+                "0",
+            ],
+            "--block-size must be between 1 and 1024 and --max-model-len at least 1, got 0 and 32768",
+        ),
+        (
+            vec![
+                "--replicas",
+                "2",
+                "--policy",
+                "kvgate",
+                "--workload",
+                "shared-prefix",
+                "--num-blocks",
+                "1",
+            ],
+            "the KV cache holds 16 tokens (1 blocks of 16), less than one request of the context length",
+        ),
+        (
+            vec![
+                "--replicas",
+                "2",
+                "--policy",
+                "kvgate",
+                "--workload",
+                "shared-prefix",
                 "--report-delay-ms",
                 "18446744073709551615",
             ],
@@ -406,6 +432,8 @@ fn bad_input_is_refused_with_its_reason() {
         );
         assert!(!o.status.success(), "{args:?} ran");
         assert!(text.contains(expected), "{args:?}: {text}");
+        // Refused before anything runs: not even the table's header.
+        assert!(o.stdout.is_empty(), "{args:?}: {text}");
         assert!(
             !std::path::Path::new("/tmp/kvgate-sim-never").exists(),
             "nothing written"

@@ -153,6 +153,27 @@ struct Sim<'a> {
 /// How many events pass between two calls of the progress callback.
 const PROGRESS_EVERY: u64 = 1 << 16;
 
+/// Checks that `config`'s replicas can be built (an engine whose KV pool holds less than one
+/// request of the context length cannot), before anything runs.
+pub fn check(config: &SimConfig) -> Result<(), String> {
+    engine(config).map(|_| ())
+}
+
+/// One replica's engine.
+fn engine(config: &SimConfig) -> Result<Engine<SimBackend>, String> {
+    let engine_config = EngineConfig {
+        block_size: config.block_size,
+        num_blocks: config.num_blocks,
+        max_model_len: config.max_model_len,
+        prefix_caching: true,
+        scheduler: Default::default(),
+        hash_seed: HashSeed::new(&config.model, None, ""),
+        eos_token_ids: Vec::new(),
+    };
+    let backend = SimBackend::new(config.profile.clone(), 1_000, 49_152);
+    Engine::new(engine_config, backend).map_err(|e| e.to_string())
+}
+
 /// Runs `jobs` through a fleet routed by `router`.
 pub fn simulate(
     config: &SimConfig,
@@ -193,22 +214,8 @@ impl<'a> Sim<'a> {
         router: &Router,
     ) -> Result<Self, String> {
         let seed = HashSeed::new(&config.model, None, "");
-        let engine_config = EngineConfig {
-            block_size: config.block_size,
-            num_blocks: config.num_blocks,
-            max_model_len: config.max_model_len,
-            prefix_caching: true,
-            scheduler: Default::default(),
-            hash_seed: seed,
-            eos_token_ids: Vec::new(),
-        };
         let replicas = (0..config.replicas)
-            .map(|i| {
-                let backend = SimBackend::new(config.profile.clone(), 1_000, 49_152);
-                let engine =
-                    Engine::new(engine_config.clone(), backend).map_err(|e| e.to_string())?;
-                Ok(Replica::new(format!("sim-{i}"), engine))
-            })
+            .map(|i| Ok(Replica::new(format!("sim-{i}"), engine(config)?)))
             .collect::<Result<Vec<_>, String>>()?;
         let ages = ReportAges {
             stale_after_ms: 1_000,

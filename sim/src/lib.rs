@@ -15,7 +15,7 @@ mod timeline;
 mod tokens;
 mod verdict;
 
-pub use fleet::{simulate, simulate_with_progress, Outcome, Progress, SimConfig};
+pub use fleet::{check, simulate, simulate_with_progress, Outcome, Progress, SimConfig};
 pub use oracle::{search as search_oracle, Figure, Searched, FIGURES};
 pub use routers::{Policy, Router, Routes, Turn, NAMES};
 pub use timeline::{ReplicaSample, Timeline};
