@@ -214,7 +214,7 @@ pub fn run(args: SimArgs) -> Result<(), String> {
             .sample_ms
             .unwrap_or(100 * args.replicas.div_ceil(64) as u64),
     };
-    kvgate_sim::check(&config)?;
+    config.check()?;
     let jobs = workload.jobs(args.load.requests, args.load.seed)?;
     let ideal = workload.ideal_cached_ratio(&jobs, args.warmup);
     let show_progress = !args.quiet && std::io::stderr().is_terminal();

@@ -1,6 +1,7 @@
 //! The event loop: arrivals, engine steps, agents' reports and their delivery, in virtual
 //! microseconds.
 
+use crate::config::SimConfig;
 use crate::gateway::{Gateway, Incoming, Served};
 use crate::replica::Replica;
 use crate::routers::{Router, Routes, Turn};
@@ -9,56 +10,9 @@ use crate::tokens;
 use kvgate_bench::{Job, Load, RequestRecord};
 use kvgate_policies::{ReplicaId, ReplicaSpec, ReportAges, RequestFeatures};
 use kvgate_protocol::telemetry::{KvUpdate, TelemetryReport};
-use kvgate_protocol::HashSeed;
-use kvgate_worker::backend::profile::Profile;
-use kvgate_worker::backend::sim::SimBackend;
-use kvgate_worker::{Engine, EngineConfig, NewRequest, SamplingParams};
+use kvgate_worker::{NewRequest, SamplingParams};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
-
-#[derive(Debug, Clone)]
-pub struct SimConfig {
-    pub replicas: usize,
-    pub gateways: usize,
-    pub profile: Profile,
-    /// KV blocks per replica; `None`: what the profile's memory holds.
-    pub num_blocks: Option<usize>,
-    pub block_size: usize,
-    pub max_model_len: usize,
-    /// How often each agent reports, and how long a report takes to reach the gateways.
-    pub report_interval_ms: u64,
-    pub report_delay_ms: u64,
-    /// The served model's name (it seeds the block hashes).
-    pub model: String,
-    /// Seeds the open-loop start times, as `kvgate bench --seed` does.
-    pub seed: u64,
-    /// The first requests sent, marked warm-up (left out of the summary), as `kvgate bench
-    /// --warmup` does.
-    pub warmup: usize,
-    /// Each modelled step takes this many times longer, as with `kvgate worker --time-scale`
-    /// (to compare with a slowed real fleet: every time in the run, the gateways' clocks
-    /// included, is then in its units).
-    pub time_scale: f64,
-    /// Time a request takes from its client through the gateway to its replica, outside the
-    /// engines (a gateway's own latency, the network): in every TTFT and, in a closed loop,
-    /// in every turn.
-    pub gateway_delay_us: u64,
-    /// Plus a uniform draw in `[0, gateway_jitter_us)` per request, from `jitter_seed`: the
-    /// timing noise of real processes, so that seeds of it give a run's spread.
-    pub gateway_jitter_us: u64,
-    /// A turn's answer comes back in the next turn as the tokens the engine generated (true:
-    /// a real model's text re-tokenizes to them), or as other tokens (false: the sim worker's
-    /// random tokens do not survive detokenizing and tokenizing again, so only the previous
-    /// prompt is reused).
-    pub answers_round_trip: bool,
-    pub jitter_seed: u64,
-    /// Gateways tell each other where they sent each request (kvgate's decisions: the prefix
-    /// and session each other gateway then assumes there) after this long; `None`: they do
-    /// not, each knowing only its own decisions and the agents' reports.
-    pub exchange_delay_ms: Option<u64>,
-    /// How often each replica's load and KV use is sampled for the timeline (0: never).
-    pub sample_interval_ms: u64,
-}
 
 /// How far a run has got, for progress bars.
 #[derive(Debug, Clone, Copy)]
@@ -153,27 +107,6 @@ struct Sim<'a> {
 /// How many events pass between two calls of the progress callback.
 const PROGRESS_EVERY: u64 = 1 << 16;
 
-/// Checks that `config`'s replicas can be built (an engine whose KV pool holds less than one
-/// request of the context length cannot), before anything runs.
-pub fn check(config: &SimConfig) -> Result<(), String> {
-    engine(config).map(|_| ())
-}
-
-/// One replica's engine.
-fn engine(config: &SimConfig) -> Result<Engine<SimBackend>, String> {
-    let engine_config = EngineConfig {
-        block_size: config.block_size,
-        num_blocks: config.num_blocks,
-        max_model_len: config.max_model_len,
-        prefix_caching: true,
-        scheduler: Default::default(),
-        hash_seed: HashSeed::new(&config.model, None, ""),
-        eos_token_ids: Vec::new(),
-    };
-    let backend = SimBackend::new(config.profile.clone(), 1_000, 49_152);
-    Engine::new(engine_config, backend).map_err(|e| e.to_string())
-}
-
 /// Runs `jobs` through a fleet routed by `router`.
 pub fn simulate(
     config: &SimConfig,
@@ -213,9 +146,9 @@ impl<'a> Sim<'a> {
         load: Load,
         router: &Router,
     ) -> Result<Self, String> {
-        let seed = HashSeed::new(&config.model, None, "");
+        let seed = config.hash_seed();
         let replicas = (0..config.replicas)
-            .map(|i| Ok(Replica::new(format!("sim-{i}"), engine(config)?)))
+            .map(|i| Ok(Replica::new(format!("sim-{i}"), config.engine()?)))
             .collect::<Result<Vec<_>, String>>()?;
         let ages = ReportAges {
             stale_after_ms: 1_000,

@@ -4,6 +4,7 @@
 //! events reach the gateways at a set interval and delay. Nothing sleeps: a step's modelled
 //! duration moves the clock.
 
+mod config;
 mod fleet;
 mod gateway;
 mod lookahead;
@@ -15,7 +16,8 @@ mod timeline;
 mod tokens;
 mod verdict;
 
-pub use fleet::{check, simulate, simulate_with_progress, Outcome, Progress, SimConfig};
+pub use config::SimConfig;
+pub use fleet::{simulate, simulate_with_progress, Outcome, Progress};
 pub use oracle::{search as search_oracle, Figure, Searched, FIGURES};
 pub use routers::{Policy, Router, Routes, Turn, NAMES};
 pub use timeline::{ReplicaSample, Timeline};

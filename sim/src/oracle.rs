@@ -9,7 +9,8 @@
 //! on one lowers the tail), so each figure has its own. No router could be deployed like this;
 //! it is the bound the others are measured against.
 
-use crate::fleet::{simulate_with_progress, Outcome, Progress, SimConfig};
+use crate::config::SimConfig;
+use crate::fleet::{simulate_with_progress, Outcome, Progress};
 use crate::routers::{Router, Routes, Turn};
 use kvgate_bench::{Job, Load, Stats};
 use std::cmp::Ordering;

@@ -1,0 +1,78 @@
+//! A simulated fleet's settings, and the engine each of its replicas runs.
+
+use kvgate_protocol::HashSeed;
+use kvgate_worker::backend::profile::Profile;
+use kvgate_worker::backend::sim::SimBackend;
+use kvgate_worker::{Engine, EngineConfig};
+
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    pub replicas: usize,
+    pub gateways: usize,
+    pub profile: Profile,
+    /// KV blocks per replica; `None`: what the profile's memory holds.
+    pub num_blocks: Option<usize>,
+    pub block_size: usize,
+    pub max_model_len: usize,
+    /// How often each agent reports, and how long a report takes to reach the gateways.
+    pub report_interval_ms: u64,
+    pub report_delay_ms: u64,
+    /// The served model's name (it seeds the block hashes).
+    pub model: String,
+    /// Seeds the open-loop start times, as `kvgate bench --seed` does.
+    pub seed: u64,
+    /// The first requests sent, marked warm-up (left out of the summary), as `kvgate bench
+    /// --warmup` does.
+    pub warmup: usize,
+    /// Each modelled step takes this many times longer, as with `kvgate worker --time-scale`
+    /// (to compare with a slowed real fleet: every time in the run, the gateways' clocks
+    /// included, is then in its units).
+    pub time_scale: f64,
+    /// Time a request takes from its client through the gateway to its replica, outside the
+    /// engines (a gateway's own latency, the network): in every TTFT and, in a closed loop,
+    /// in every turn.
+    pub gateway_delay_us: u64,
+    /// Plus a uniform draw in `[0, gateway_jitter_us)` per request, from `jitter_seed`: the
+    /// timing noise of real processes, so that seeds of it give a run's spread.
+    pub gateway_jitter_us: u64,
+    /// A turn's answer comes back in the next turn as the tokens the engine generated (true:
+    /// a real model's text re-tokenizes to them), or as other tokens (false: the sim worker's
+    /// random tokens do not survive detokenizing and tokenizing again, so only the previous
+    /// prompt is reused).
+    pub answers_round_trip: bool,
+    pub jitter_seed: u64,
+    /// Gateways tell each other where they sent each request (kvgate's decisions: the prefix
+    /// and session each other gateway then assumes there) after this long; `None`: they do
+    /// not, each knowing only its own decisions and the agents' reports.
+    pub exchange_delay_ms: Option<u64>,
+    /// How often each replica's load and KV use is sampled for the timeline (0: never).
+    pub sample_interval_ms: u64,
+}
+
+impl SimConfig {
+    /// Checks that the replicas can be built (an engine whose KV pool holds less than one
+    /// request of the context length cannot), before anything runs.
+    pub fn check(&self) -> Result<(), String> {
+        self.engine().map(|_| ())
+    }
+
+    /// What seeds the block hashes, in the engines and the gateways alike.
+    pub(crate) fn hash_seed(&self) -> HashSeed {
+        HashSeed::new(&self.model, None, "")
+    }
+
+    /// One replica's engine.
+    pub(crate) fn engine(&self) -> Result<Engine<SimBackend>, String> {
+        let engine_config = EngineConfig {
+            block_size: self.block_size,
+            num_blocks: self.num_blocks,
+            max_model_len: self.max_model_len,
+            prefix_caching: true,
+            scheduler: Default::default(),
+            hash_seed: self.hash_seed(),
+            eos_token_ids: Vec::new(),
+        };
+        let backend = SimBackend::new(self.profile.clone(), 1_000, 49_152);
+        Engine::new(engine_config, backend).map_err(|e| e.to_string())
+    }
+}
