@@ -252,12 +252,14 @@ pub fn run(args: SimArgs) -> Result<(), String> {
             }
             Policy::Oracle => {
                 let started = Instant::now();
-                let mut starts = outcomes.clone();
-                let names: Vec<&str> = outcomes.iter().map(|(n, _)| n.as_str()).collect();
+                // The oracle runs last: the others' runs are its starts, not needed again.
+                let mut starts = std::mem::take(&mut outcomes);
+                let names: Vec<&str> = starts.iter().map(|(n, _)| n.as_str()).collect();
                 for (start, router) in oracle_starts(&ran, &names)? {
                     let outcome = run_one(&start, &router)?.0;
                     starts.push((start, outcome));
                 }
+                let starts = kvgate_sim::Starts::new(starts)?;
                 for figure in kvgate_sim::FIGURES {
                     let mut bar = ProgressBar::new(name, show_progress);
                     let found = kvgate_sim::search_oracle(

@@ -18,7 +18,7 @@ mod verdict;
 
 pub use config::SimConfig;
 pub use fleet::{simulate, simulate_with_progress, Outcome, Progress};
-pub use oracle::{search as search_oracle, Figure, Searched, FIGURES};
+pub use oracle::{search as search_oracle, Figure, Searched, Starts, FIGURES};
 pub use routers::{Policy, Router, Routes, Turn, NAMES};
 pub use timeline::{ReplicaSample, Timeline};
 pub use verdict::oracle_bound;

@@ -68,6 +68,7 @@ impl Figure {
 }
 
 /// A run's routes with each turn's TTFT in it (warm-up left out, as in its summary).
+#[derive(Clone)]
 struct Candidate {
     outcome: Outcome,
     stats: Stats,
@@ -137,30 +138,42 @@ impl Candidate {
     }
 }
 
-/// Searches for the routing of `jobs` with the lowest `figure`, starting from the runs in
-/// `starts` (name, outcome; at least one), with at most `budget` replays.
+/// The runs a search starts from, each read once for every figure searched.
+pub struct Starts(Vec<(String, Candidate)>);
+
+impl Starts {
+    /// `runs`: name and outcome, at least one.
+    pub fn new(runs: Vec<(String, Outcome)>) -> Result<Starts, String> {
+        if runs.is_empty() {
+            return Err("the oracle needs at least one run to start from".into());
+        }
+        Ok(Starts(
+            runs.into_iter()
+                .map(|(name, outcome)| (name, Candidate::new(outcome)))
+                .collect(),
+        ))
+    }
+}
+
+/// Searches for the routing of `jobs` with the lowest `figure`, starting from `starts`, with
+/// at most `budget` replays.
 pub fn search(
     config: &SimConfig,
     jobs: &[Job],
     load: Load,
-    starts: &[(String, Outcome)],
+    starts: &Starts,
     figure: Figure,
     budget: usize,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Searched, String> {
-    let mut starts: Vec<(&str, Candidate)> = starts
-        .iter()
-        .map(|(name, outcome)| (name.as_str(), Candidate::new(outcome.clone())))
-        .collect();
+    let mut starts: Vec<&(String, Candidate)> = starts.0.iter().collect();
     starts.sort_by(|a, b| {
         let (ka, kb) = (a.1.key(figure), b.1.key(figure));
         ka.partial_cmp(&kb).unwrap_or(Ordering::Equal)
     });
-    let Some((start, first)) = starts.first() else {
-        return Err("the oracle needs at least one run to start from".into());
-    };
+    let (start, first) = starts[0];
     let mut search = Search {
-        best: Candidate::new(first.outcome.clone()),
+        best: first.clone(),
         replays: 0,
         kept: 0,
     };

@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use kvgate_bench::{Load, Workload};
-use kvgate_sim::{search_oracle, simulate, Figure, Outcome, Policy, Router, SimConfig};
+use kvgate_sim::{search_oracle, simulate, Figure, Outcome, Policy, Router, SimConfig, Starts};
 use kvgate_worker::backend::profile::Profile;
 use std::path::Path;
 
@@ -298,7 +298,8 @@ fn the_oracle_is_never_above_its_starts_and_improves_on_a_poor_one() {
         kvgate_bench::summarize(&o.records, Default::default(), None, Default::default()).ttft_s
     };
     for figure in kvgate_sim::FIGURES {
-        let found = search_oracle(&fleet, &jobs, load, &runs, figure, 12, &mut |_| {}).unwrap();
+        let starts = Starts::new(runs.clone()).unwrap();
+        let found = search_oracle(&fleet, &jobs, load, &starts, figure, 12, &mut |_| {}).unwrap();
         let ours = figure.of(&stats(&found.outcome));
         for (name, run) in &runs {
             assert!(ours <= figure.of(&stats(run)), "{name}'s {figure:?}");
@@ -311,7 +312,8 @@ fn the_oracle_is_never_above_its_starts_and_improves_on_a_poor_one() {
         .into_iter()
         .filter(|(n, _)| n == "round-robin")
         .collect();
-    let found = search_oracle(&fleet, &jobs, load, &rr, Figure::P90, 16, &mut |_| {}).unwrap();
+    let from_rr = Starts::new(rr.clone()).unwrap();
+    let found = search_oracle(&fleet, &jobs, load, &from_rr, Figure::P90, 16, &mut |_| {}).unwrap();
     assert!(found.kept > 0);
     assert!(stats(&found.outcome).p90 < stats(&rr[0].1).p90);
 }
