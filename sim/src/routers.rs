@@ -107,10 +107,4 @@ impl Routes {
         }
     }
 
-    /// These routes with `turn` sent to `replica`.
-    pub fn with(&self, turn: Turn, replica: usize) -> Routes {
-        let mut routes = self.clone();
-        routes.set(turn, replica);
-        routes
-    }
 }
