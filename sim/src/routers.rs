@@ -106,5 +106,4 @@ impl Routes {
             entry.1 = replica;
         }
     }
-
 }
