@@ -131,6 +131,17 @@ impl HttpServerApp for AdminApp {
                     None => return None,
                 }
             }
+            (&Method::POST, crate::peers::PEER_PATH) => {
+                let auth = session
+                    .req_header()
+                    .headers
+                    .get(http::header::AUTHORIZATION)
+                    .map(|v| v.as_bytes().to_vec());
+                match read_all(&mut session, &limits).await {
+                    Some(body) => crate::peers::take_push(gateway, auth.as_deref(), &body),
+                    None => return None,
+                }
+            }
             (&Method::POST, "/admin/explain") => match read_all(&mut session, &limits).await {
                 Some(body) => explain(gateway, &body),
                 None => return None,

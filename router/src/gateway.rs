@@ -48,6 +48,8 @@ pub struct Gateway {
     pub drain: crate::drain::Drain,
     /// The listeners' certificate, when they serve TLS.
     pub certificate: Option<Arc<crate::tls::Certificate>>,
+    /// Decisions waiting to be pushed to peer gateways (with `peers:`).
+    pub outbox: crate::peers::Outbox,
 }
 
 /// A routing outcome: the replicas to try in order, the first already counted in flight.
@@ -110,6 +112,7 @@ impl Gateway {
             ),
             drain: Default::default(),
             certificate,
+            outbox: Default::default(),
         };
         gateway.sync_fleet_members();
         Ok(gateway)
@@ -186,6 +189,15 @@ impl Gateway {
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .agent
+            .clone()
+    }
+
+    /// The token peer gateways present and are presented, with `peers:`.
+    pub fn peer_token(&self) -> Option<String> {
+        self.tokens
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .peer
             .clone()
     }
 
@@ -386,7 +398,27 @@ impl Gateway {
             Arc::clone(&self.admission.released),
             id,
         );
-        Ok(self.route_of(snap, decision, first))
+        let route = self.route_of(snap, decision, first);
+        if let (Some(peers), Some((replica, _))) = (&snap.config.peers, route.ranked.first()) {
+            self.tell_peers(&replica.name, features, peers.max_pending);
+        }
+        Ok(route)
+    }
+
+    /// Queues a decision for the peer gateways.
+    fn tell_peers(&self, replica: &str, features: &RequestFeatures, max_pending: usize) {
+        let decision = crate::peers::PeerDecision::new(replica, features);
+        let dropped = self.outbox.push(decision, max_pending);
+        let count = |outcome: &str| {
+            self.metrics
+                .peer_decisions
+                .with_label_values(&[outcome])
+                .inc()
+        };
+        count("queued");
+        if dropped {
+            count("dropped");
+        }
     }
 
     /// The ranked replicas of a decision, by slot.

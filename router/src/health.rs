@@ -4,18 +4,14 @@
 use crate::gateway::Gateway;
 use crate::replica::Replica;
 use async_trait::async_trait;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use kvgate_policies::FailureOutcome;
 use kvgate_protocol::openai::ModelList;
 use pingora_core::connectors::http::Connector;
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
-use pingora_http::RequestHeader;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Largest health or models response read.
-const MAX_CHECK_BODY: usize = 1 << 20;
 
 pub struct HealthChecker {
     pub gateway: Arc<Gateway>,
@@ -86,48 +82,16 @@ async fn get(
     path: &str,
     timeout: Duration,
 ) -> Result<(u16, Bytes), String> {
-    let exchange = async {
-        let peer = replica.peer(timeout, None);
-        let (mut session, _) = connector
-            .get_http_session(&peer)
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut req =
-            RequestHeader::build("GET", path.as_bytes(), Some(2)).map_err(|e| e.to_string())?;
-        req.insert_header("host", replica.upstream.authority.as_str())
-            .map_err(|e| e.to_string())?;
-        session
-            .write_request_header(Box::new(req))
-            .await
-            .map_err(|e| e.to_string())?;
-        session
-            .finish_request_body()
-            .await
-            .map_err(|e| e.to_string())?;
-        session
-            .read_response_header()
-            .await
-            .map_err(|e| e.to_string())?;
-        let status = session.response_header().map_or(0, |h| h.status.as_u16());
-        let mut body = BytesMut::new();
-        while let Some(chunk) = session
-            .read_response_body()
-            .await
-            .map_err(|e| e.to_string())?
-        {
-            if body.len() + chunk.len() > MAX_CHECK_BODY {
-                return Err(format!("{path} response over {MAX_CHECK_BODY} bytes"));
-            }
-            body.extend_from_slice(&chunk);
-        }
-        connector
-            .release_http_session(session, &peer, Some(Duration::from_secs(5)))
-            .await;
-        Ok((status, body.freeze()))
-    };
-    tokio::time::timeout(timeout, exchange)
-        .await
-        .map_err(|_| format!("{path} timed out after {timeout:?}"))?
+    crate::client::call(
+        connector,
+        &replica.upstream,
+        "GET",
+        path,
+        &[],
+        None,
+        timeout,
+    )
+    .await
 }
 
 /// Reloads the config on SIGHUP.

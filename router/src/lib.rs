@@ -5,12 +5,14 @@ mod admin;
 mod admission;
 mod agents;
 mod classes;
+mod client;
 pub mod config;
 mod drain;
 mod gateway;
 mod health;
 mod in_flight;
 mod metrics;
+mod peers;
 mod proxy;
 mod replica;
 mod snapshot;
@@ -156,6 +158,12 @@ pub fn run(path: &Path, options: RunOptions) -> Result<(), StartError> {
     server.add_service(background_service(
         "health checks",
         health::HealthChecker {
+            gateway: Arc::clone(&gateway),
+        },
+    ));
+    server.add_service(background_service(
+        "decisions to peer gateways",
+        peers::Pusher {
             gateway: Arc::clone(&gateway),
         },
     ));

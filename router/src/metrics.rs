@@ -37,6 +37,11 @@ pub struct Metrics {
     pub agent_reports: IntCounterVec,
     /// KV-event batches from agents: applied, snapshot (received), resync (snapshot asked for).
     pub kv_event_batches: IntCounterVec,
+    /// Decisions exchanged with peer gateways, by outcome: queued, dropped (the queue was
+    /// full), sent, lost (a push failed), received, unknown_replica, rejected (a whole push).
+    pub peer_decisions: IntCounterVec,
+    /// Pushes to each peer gateway, by outcome: ok, failed.
+    pub peer_pushes: IntCounterVec,
     /// Requests waiting for admission, by SLA class.
     pub queue_depth: IntGaugeVec,
     /// Requests refused admission, by class and reason: shed, queue_full, deadline.
@@ -163,6 +168,16 @@ impl Metrics {
                 "kvgate_kv_event_batches_total",
                 "KV-event batches and snapshots relayed by agents, and snapshots asked for",
                 &["result"],
+            )?,
+            peer_decisions: counter(
+                "kvgate_peer_decisions_total",
+                "Routing decisions exchanged with peer gateways, by outcome",
+                &["outcome"],
+            )?,
+            peer_pushes: counter(
+                "kvgate_peer_pushes_total",
+                "Pushes of decisions to each peer gateway, by outcome",
+                &["peer", "outcome"],
             )?,
             queue_depth: gauge(
                 "kvgate_admission_queue_depth",

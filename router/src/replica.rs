@@ -26,11 +26,7 @@ impl Replica {
 
     /// Where to connect: TLS for an `https://` replica, its certificate checked for its host.
     pub fn peer(&self, connect: Duration, pool_idle: Option<Duration>) -> HttpPeer {
-        let up = &self.upstream;
-        let mut peer = HttpPeer::new(up.addr, up.tls, up.host.clone());
-        peer.options.connection_timeout = Some(connect);
-        peer.options.idle_timeout = pool_idle;
-        peer
+        crate::client::http_peer(&self.upstream, connect, pool_idle)
     }
 
     /// What the fleet state knows of it from its settings.

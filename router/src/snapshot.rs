@@ -65,6 +65,7 @@ pub(crate) fn build_tenants(config: &GatewayConfig, old: Option<&Tenants>) -> Op
 pub(crate) struct Tokens {
     pub agent: Option<String>,
     pub admin: Option<String>,
+    pub peer: Option<String>,
 }
 
 pub(crate) fn read_tokens(config: &GatewayConfig) -> Result<Tokens, Vec<ConfigError>> {
@@ -83,6 +84,10 @@ pub(crate) fn read_tokens(config: &GatewayConfig) -> Result<Tokens, Vec<ConfigEr
             "agents.token_file",
         )?,
         admin: read(config.admin_token_file.as_deref(), "admin_token_file")?,
+        peer: read(
+            config.peers.as_ref().map(|p| p.token_file.as_path()),
+            "peers.token_file",
+        )?,
     })
 }
 

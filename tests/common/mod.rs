@@ -221,7 +221,16 @@ pub struct Gateway {
 impl Gateway {
     /// Starts a gateway over `workers`; `extra` is appended to the YAML (top-level keys).
     pub async fn start(workers: &[&dyn Upstream], extra: &str) -> Gateway {
-        let (port, admin_port) = (free_port(), free_port());
+        Self::start_at(free_port(), free_port(), workers, extra).await
+    }
+
+    /// [`Gateway::start`] on the given client and admin ports.
+    pub async fn start_at(
+        port: u16,
+        admin_port: u16,
+        workers: &[&dyn Upstream],
+        extra: &str,
+    ) -> Gateway {
         let config = std::env::temp_dir().join(format!("kvgate-test-{port}.yaml"));
         std::fs::write(&config, Self::yaml(port, admin_port, workers, extra)).unwrap();
         let mut cmd = kvgate();

@@ -50,6 +50,10 @@ pub struct GatewayConfig {
     /// Telemetry from agents (`POST /agent/report` on the admin listener). Off when absent.
     #[serde(default)]
     pub agents: Option<AgentsConfig>,
+    /// Other gateway replicas in front of the same fleet, told this gateway's decisions so that
+    /// they agree on where prefixes and sessions live. Off when absent.
+    #[serde(default)]
+    pub peers: Option<PeersConfig>,
     /// Token mode: models whose prompts the gateway tokenizes and hashes as their workers do,
     /// so that the workers' KV events locate each prompt's blocks exactly. Other models are
     /// routed in text mode.
@@ -193,6 +197,29 @@ pub struct AgentsConfig {
     /// a replica not listed adds it to the fleet.
     #[serde(default)]
     pub join: JoinMode,
+}
+
+/// The decision exchange between gateway replicas (see `crate::peers`): each pushes the
+/// replica it chose for each request, with the prompt's leading hashes and its session, to
+/// every peer's admin listener; a peer then counts that prefix and session as living there.
+/// Bounded and lossy: no coordinator, nothing waits for it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeersConfig {
+    /// The other gateways' admin listeners, `http(s)://HOST:PORT` (resolved at load).
+    pub urls: Vec<String>,
+    /// File holding the bearer token every gateway of the group presents and asks for (read
+    /// at load and at each reload).
+    pub token_file: std::path::PathBuf,
+    /// Decisions go out in one push per peer at most this often.
+    #[serde(default = "defaults::peer_interval_ms")]
+    pub interval_ms: u64,
+    /// Decisions waiting for the next push at most; past it the oldest are dropped.
+    #[serde(default = "defaults::peer_max_pending")]
+    pub max_pending: usize,
+    /// A push not answered within this is given up (its decisions are lost to that peer).
+    #[serde(default = "defaults::peer_timeout_ms")]
+    pub timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -341,6 +368,15 @@ mod defaults {
     }
     pub fn yes() -> bool {
         true
+    }
+    pub fn peer_interval_ms() -> u64 {
+        5
+    }
+    pub fn peer_max_pending() -> usize {
+        4_096
+    }
+    pub fn peer_timeout_ms() -> u64 {
+        500
     }
     pub fn stale_after_ms() -> u64 {
         1_000

@@ -152,6 +152,10 @@ pub(super) fn validate(c: &GatewayConfig) -> Vec<ConfigError> {
             err("agents.token_file".into(), e);
         }
     }
+    if let Some(p) = &c.peers {
+        let own = c.admin_listen.as_deref().and_then(|a| a.parse().ok());
+        validate_peers(p, c.admin_listen.is_some(), own, &mut err);
+    }
     let mut tokenized = HashSet::new();
     for (i, t) in c.tokenizers.iter().enumerate() {
         if t.model.trim().is_empty() {
@@ -317,6 +321,51 @@ pub(super) fn validate(c: &GatewayConfig) -> Vec<ConfigError> {
     errors
 }
 
+/// `own`: this gateway's admin address, which must not be its own peer (it would count each
+/// of its decisions twice).
+fn validate_peers(
+    p: &super::PeersConfig,
+    has_admin: bool,
+    own: Option<SocketAddr>,
+    err: &mut impl FnMut(String, String),
+) {
+    if p.urls.is_empty() {
+        err("peers.urls".into(), "at least one peer is required".into());
+    }
+    for (i, url) in p.urls.iter().enumerate() {
+        match resolve_url(url) {
+            Err(e) => err(format!("peers.urls[{i}]"), e),
+            Ok(up) if Some(up.addr) == own => err(
+                format!("peers.urls[{i}]"),
+                format!("`{url}` is this gateway's own admin listener; list the others"),
+            ),
+            Ok(_) => {}
+        }
+    }
+    if !has_admin {
+        err(
+            "peers".into(),
+            "peers push to each other's admin listener: set `admin_listen`".into(),
+        );
+    }
+    if let Err(e) = super::read_token(&p.token_file) {
+        err("peers.token_file".into(), e);
+    }
+    let ranges = [
+        ("interval_ms", p.interval_ms, 1, 60_000),
+        ("max_pending", p.max_pending as u64, 1, 1_000_000),
+        ("timeout_ms", p.timeout_ms, 1, 60_000),
+    ];
+    for (field, value, lo, hi) in ranges {
+        if !(lo..=hi).contains(&value) {
+            err(
+                format!("peers.{field}"),
+                format!("must be between {lo} and {hi}, got {value}"),
+            );
+        }
+    }
+}
+
 fn validate_tenants(c: &GatewayConfig, err: &mut impl FnMut(String, String)) {
     let class_known = |name: &str| c.sla.as_ref().is_some_and(|s| s.classes.contains_key(name));
     let mut hashes: Vec<(&str, &str)> = Vec::new();
@@ -411,6 +460,50 @@ mod tests {
         ));
         assert!(ok.is_ok(), "{ok:?}");
         assert_eq!(super::super::read_token(&token).unwrap(), "t0ken");
+    }
+
+    #[test]
+    fn peer_settings_are_checked() {
+        let base = "listen: \"127.0.0.1:1\"\nreplicas:\n  - url: \"http://127.0.0.1:9001\"\n";
+        let errs = parse_str(&format!(
+            "{base}peers: {{urls: [], token_file: /nonexistent/token, interval_ms: 0, max_pending: 0, timeout_ms: 60001}}\n"
+        ))
+        .unwrap_err();
+        let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "peers.urls",
+                "peers",
+                "peers.token_file",
+                "peers.interval_ms",
+                "peers.max_pending",
+                "peers.timeout_ms"
+            ],
+            "{errs:?}"
+        );
+        let token = std::env::temp_dir().join(format!("kvgate-peer-token-{}", std::process::id()));
+        std::fs::write(&token, "p33r\n").unwrap();
+        let with = |urls: &str| {
+            parse_str(&format!(
+                "{base}admin_listen: \"127.0.0.1:8081\"\npeers: {{urls: {urls}, token_file: {}}}\n",
+                token.display()
+            ))
+        };
+        let errs = with("[\"http://127.0.0.1:8081\", \"ftp://x\"]").unwrap_err();
+        let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(paths, ["peers.urls[0]", "peers.urls[1]"], "{errs:?}");
+        assert!(
+            errs[0].message.contains("own admin listener"),
+            "{}",
+            errs[0]
+        );
+        let ok = with("[\"http://127.0.0.1:8082\"]").unwrap();
+        let peers = ok.peers.unwrap();
+        assert_eq!(
+            (peers.interval_ms, peers.max_pending, peers.timeout_ms),
+            (5, 4_096, 500)
+        );
     }
 
     #[test]
