@@ -57,6 +57,14 @@ pub struct PolicyConfig {
     /// queued behind it there, and spreads copies that evict other prefixes. 0: every token
     /// counts once.
     pub recompute_penalty: f64,
+    /// Bounded-traffic placement: the ring owner (where a cold prefix goes, and a spilled one)
+    /// is the first replica clockwise, below its load cap, whose recent traffic is at most
+    /// `traffic_bound * (traffic + 1) / healthy`, so that prefixes spread by the traffic they
+    /// bring rather than by where their hashes fall. Traffic is the requests routed to a
+    /// replica, halved every `traffic_half_life_ms`. 0 turns it off; else at least 1.
+    pub traffic_bound: f64,
+    /// How long a request counts fully in a replica's recent traffic (see `traffic_bound`).
+    pub traffic_half_life_ms: u64,
 }
 
 impl Default for PolicyConfig {
@@ -77,6 +85,8 @@ impl Default for PolicyConfig {
             kv_saturation: 0.9,
             queue_saturation: 16,
             recompute_penalty: 0.0,
+            traffic_bound: 0.0,
+            traffic_half_life_ms: 10_000,
         }
     }
 }
@@ -201,6 +211,22 @@ impl PolicyConfig {
             format!(
                 "must be a number between 0 and 64, got {}",
                 self.recompute_penalty
+            ),
+        );
+        check(
+            self.traffic_bound == 0.0 || (1.0..=1000.0).contains(&self.traffic_bound),
+            "traffic_bound",
+            format!(
+                "must be 0 (off) or between 1 and 1000, got {}",
+                self.traffic_bound
+            ),
+        );
+        check(
+            (1..=3_600_000).contains(&self.traffic_half_life_ms),
+            "traffic_half_life_ms",
+            format!(
+                "must be between 1 and 3600000, got {}",
+                self.traffic_half_life_ms
             ),
         );
         check(

@@ -16,6 +16,7 @@ mod ring;
 mod select;
 mod sessions;
 mod signal;
+mod traffic;
 
 pub use config::{PolicyConfig, Weights};
 pub use fleet::{FleetView, ReplicaId, ReplicaView, RequestFeatures};

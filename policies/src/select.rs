@@ -4,6 +4,7 @@ use crate::load_cap::{FleetLoad, LoadCaps};
 use crate::prefill::PromptWork;
 use crate::sessions::SessionTable;
 use crate::signal::BySignal;
+use crate::traffic::RecentTraffic;
 use crate::{
     Applied, ApproxPrefixIndex, FleetView, HashRing, PolicyConfig, PreciseIndex, ReplicaId,
     RequestFeatures, Signal,
@@ -91,6 +92,7 @@ pub struct Policy {
     prefix: ApproxPrefixIndex,
     precise: PreciseIndex,
     sessions: SessionTable,
+    traffic: RecentTraffic,
     members: Vec<(ReplicaId, String)>,
 }
 
@@ -103,6 +105,7 @@ impl Policy {
             prefix,
             precise: PreciseIndex::default(),
             sessions: SessionTable::default(),
+            traffic: RecentTraffic::default(),
             members: Vec::new(),
         }
     }
@@ -133,6 +136,7 @@ impl Policy {
                 self.prefix.clear_replica(*old);
                 self.precise.clear_replica(*old);
                 self.sessions.forget_replica(*old);
+                self.traffic.clear(old.0 as usize);
             }
         }
         self.members = members
@@ -165,6 +169,9 @@ impl Policy {
     }
 
     fn record_held(&mut self, replica: ReplicaId, held: usize, features: &RequestFeatures) {
+        let half_life = self.config.traffic_half_life_ms;
+        self.traffic
+            .add(replica.0 as usize, features.now_ms, half_life);
         if features.block_hashes.is_empty() {
             self.prefix.insert(replica, &features.prefix_chunks);
         } else {
@@ -233,6 +240,22 @@ impl Policy {
         }
     }
 
+    /// Whether a replica's recent traffic is within the `traffic_bound` (always, when off).
+    fn traffic_bound(&self, now_ms: u64, fleet: FleetView<'_>) -> impl Fn(ReplicaId) -> bool + '_ {
+        let c = &self.config;
+        let of = move |id: ReplicaId| {
+            self.traffic
+                .of(id.0 as usize, now_ms, c.traffic_half_life_ms)
+        };
+        let (healthy, total) = fleet
+            .replicas
+            .iter()
+            .filter(|r| r.healthy)
+            .fold((0.0, 0.0), |(n, t), r| (n + 1.0, t + of(r.id)));
+        let bound = c.traffic_bound * (total + 1.0) / f64::max(healthy, 1.0);
+        move |id| c.traffic_bound == 0.0 || of(id) <= bound
+    }
+
     /// The best `top` healthy replicas of `fleet` for a request, best first (the same as the
     /// head of [`Policy::select`]'s ranking, for less work in large fleets).
     pub fn select_top(
@@ -286,7 +309,7 @@ impl Policy {
             .unwrap_or_default();
 
         // Ring order of the candidates, and the bounded-load owner: the first healthy,
-        // unsaturated replica clockwise from the key.
+        // unsaturated replica clockwise from the key (within its traffic bound, if set).
         let distance: Vec<u64> = fleet
             .replicas
             .iter()
@@ -296,14 +319,19 @@ impl Policy {
                     .unwrap_or(u64::MAX)
             })
             .collect();
-        let owner = fleet
-            .replicas
-            .iter()
-            .zip(&distance)
-            .zip(&limits)
-            .filter(|((r, &d), l)| d != u64::MAX && r.healthy && !l.saturated)
-            .min_by_key(|((r, &d), _)| (d, r.id))
-            .map(|((r, _), _)| r.id);
+        let within_traffic = self.traffic_bound(features.now_ms, fleet);
+        let owner_among = |traffic_bounded: bool| {
+            fleet
+                .replicas
+                .iter()
+                .zip(&distance)
+                .zip(&limits)
+                .filter(|((r, &d), l)| d != u64::MAX && r.healthy && !l.saturated)
+                .filter(|((r, _), _)| !traffic_bounded || within_traffic(r.id))
+                .min_by_key(|((r, &d), _)| (d, r.id))
+                .map(|((r, _), _)| r.id)
+        };
+        let owner = owner_among(true).or_else(|| owner_among(false));
 
         let w = features.weights.as_ref().unwrap_or(&c.weights);
         let session_home = features

@@ -1,0 +1,82 @@
+//! Recent traffic per replica: the requests routed to it, halved every half-life. Cold
+//! placement asks it which replicas already carry more than their share, because a replica's
+//! requests in flight at one instant say little about the prefixes it serves: an idle moment
+//! between two bursts of a popular group looks like room.
+
+/// A decayed count per replica slot.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RecentTraffic {
+    /// By slot: the count as of `at_ms`.
+    slots: Vec<Decayed>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Decayed {
+    count: f64,
+    at_ms: u64,
+}
+
+impl Decayed {
+    fn at(self, now_ms: u64, half_life_ms: u64) -> f64 {
+        let elapsed = now_ms.saturating_sub(self.at_ms) as f64;
+        self.count * (-elapsed / half_life_ms.max(1) as f64).exp2()
+    }
+}
+
+impl RecentTraffic {
+    /// Counts one request routed to `slot` at `now_ms`.
+    pub fn add(&mut self, slot: usize, now_ms: u64, half_life_ms: u64) {
+        if self.slots.len() <= slot {
+            self.slots.resize(slot + 1, Decayed::default());
+        }
+        let d = &mut self.slots[slot];
+        *d = Decayed {
+            count: d.at(now_ms, half_life_ms) + 1.0,
+            at_ms: now_ms.max(d.at_ms),
+        };
+    }
+
+    /// The decayed count of `slot` at `now_ms` (0 for a slot never counted).
+    pub fn of(&self, slot: usize, now_ms: u64, half_life_ms: u64) -> f64 {
+        self.slots
+            .get(slot)
+            .map_or(0.0, |d| d.at(now_ms, half_life_ms))
+    }
+
+    /// Forgets a slot (its replica left the fleet).
+    pub fn clear(&mut self, slot: usize) {
+        if let Some(d) = self.slots.get_mut(slot) {
+            *d = Decayed::default();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_halve_every_half_life() {
+        let mut t = RecentTraffic::default();
+        t.add(2, 1_000, 500);
+        t.add(2, 1_000, 500);
+        assert_eq!(t.of(2, 1_000, 500), 2.0);
+        assert!((t.of(2, 1_500, 500) - 1.0).abs() < 1e-12);
+        t.add(2, 1_500, 500);
+        assert!((t.of(2, 2_000, 500) - 1.0).abs() < 1e-12);
+        assert_eq!(t.of(0, 2_000, 500), 0.0);
+        assert_eq!(t.of(9, 2_000, 500), 0.0);
+        t.clear(2);
+        assert_eq!(t.of(2, 2_000, 500), 0.0);
+    }
+
+    #[test]
+    fn an_earlier_clock_neither_grows_nor_rewinds_a_count() {
+        let mut t = RecentTraffic::default();
+        t.add(0, 2_000, 1_000);
+        // A gateway's clock read on another thread may be a little behind.
+        t.add(0, 1_000, 1_000);
+        assert_eq!(t.of(0, 2_000, 1_000), 2.0);
+        assert_eq!(t.of(0, 1_000, 1_000), 2.0);
+    }
+}
