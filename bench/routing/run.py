@@ -68,7 +68,11 @@ WORKLOADS["one-system-prompt"] = ["--workload", "shared-prefix", "--groups", "1"
 # KV blocks (16 tokens) per worker: small for the synthetic workloads; for the trace, sized like
 # an H200 serving an 8B model (~0.5M tokens of its ~1M), since its working set (1.5M tokens
 # over 1,200 requests) is what it tests.
-KV_BLOCKS = {"shared-prefix-small-kv": 640, "mooncake": 32768}
+# The trace's first 600 requests (50 of warm-up), for a cell that fits beside others in one
+# session: 80 s a run where the 1,200 take 160.
+WORKLOADS["mooncake-600"] = ["--workload", f"mooncake:{TRACE}", "--block-tokens", "64",
+                             "--requests", "600", "--warmup", "50", "--time-scale", "2"]
+KV_BLOCKS = {"shared-prefix-small-kv": 640, "mooncake": 32768, "mooncake-600": 32768}
 # The peers' routers: config → (router, its --policy). On this fleet SGLang's router adds ~25 ms
 # to every TTFT even at concurrency 1 and vLLM's does not (BENCHMARKS.md); vllm-round-robin is
 # SGLang's round-robin without that cost. (vLLM's router has a `cache_aware` too, with SGLang's
@@ -252,7 +256,7 @@ def run_one(procs, workload, config, workers, out_root, logs, token_file, time_s
     with open(os.path.join(out, "summary.json")) as f:
         s = json.load(f)
     s["per_worker_requests"] = per_worker
-    if workload == "mooncake":
+    if workload.startswith("mooncake"):
         s["ttft_floor_s"] = floor.summarize(out, time_scale, trace=TRACE)
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(s, f, indent=2)
@@ -305,7 +309,7 @@ def table(workload, results):
 def sweep_table(workload, loads, results):
     """Offered load against TTFT: one row per configuration, one column per load (`results`:
     (config, load) -> list of summaries), each cell the median P90 (and P50) over the rounds."""
-    unit = "x recorded rate" if workload == "mooncake" else "req/s, Poisson"
+    unit = "x recorded rate" if workload.startswith("mooncake") else "req/s, Poisson"
     lines = [f"#### {workload}: TTFT P90 (P50) in ms by offered load ({unit})", "",
              "| config | " + " | ".join(str(l) for l in loads) + " |",
              "|---|" + "---:|" * len(loads)]

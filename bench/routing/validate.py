@@ -17,9 +17,11 @@ Usage: bench/routing/run.py --workloads shared-prefix,multi-turn,mooncake \\
            --configs kvgate,vllm-round-robin,sglang-cache-aware --rounds 5 --out REAL
        bench/routing/validate.py --real REAL --probe
        bench/routing/validate.py --real REAL [--seeds 1,...,15]   (jitter seeds)
-Prints one markdown table: per workload and config, real against simulated P50 and P90 TTFT,
-cached ratio and requests per replica (medians over run.py's rounds, and over the simulator's
-seeds), each with the simulated figure's deviation.
+       bench/routing/validate.py --real REAL --loads R1,R2   (run.py --loads cells, WORKLOAD@R)
+Prints one markdown table: per workload (or cell) and config, real against simulated P50 and
+P90 TTFT, cached ratio and requests per replica (medians over run.py's rounds, and over the
+simulator's seeds), each with the simulated figure's deviation; then one of kvgate's P90 over
+each peer's, real against simulated, per cell.
 """
 import argparse, csv, json, os, signal, statistics, subprocess, sys, tempfile
 
@@ -131,6 +133,8 @@ def main():
     ap.add_argument("--workloads", default="shared-prefix,multi-turn,mooncake")
     ap.add_argument("--time-scale", type=float, default=4.0, help="the real workers' --time-scale")
     ap.add_argument("--seeds", default=",".join(str(s) for s in range(1, 16)))
+    ap.add_argument("--loads", default=None,
+                    help="the cells of run.py --loads: comma-separated rates (speed-ups for mooncake)")
     ap.add_argument("--probe", action="store_true",
                     help="measure each configuration's time outside the engines on the real fleet")
     args = ap.parse_args()
@@ -138,8 +142,10 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     subprocess.run(["cargo", "build", "--release", "--bin", "kvgate"], cwd=run.ROOT, check=True)
     workloads = args.workloads.split(",")
+    loads = [float(l) for l in args.loads.split(",")] if args.loads else [None]
+    cells = [(w, l, w if l is None else f"{w}@{l}") for w in workloads for l in loads]
     configs = [c for c in POLICIES
-               if any(os.path.isdir(os.path.join(args.real, w, c)) for w in workloads)]
+               if any(os.path.isdir(os.path.join(args.real, cell, c)) for _, _, cell in cells)]
     if args.probe:
         probe(args.real, configs, args.time_scale, args.out)
         return
@@ -150,27 +156,46 @@ def main():
           "TTFT P90 ms real / sim | dev | cached ratio real / sim | dev | "
           "requests per replica real / sim |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---|")
-    for workload in workloads:
+    p90s = {}
+    for workload, at, cell in cells:
         for c in configs:
-            path = os.path.join(args.real, workload, c)
+            path = os.path.join(args.real, cell, c)
             if not os.path.isdir(path):
                 continue
             real = real_rounds(path)
             outside = delays.get(c, {})
-            out = os.path.join(args.out, workload, c)
-            sims = [simulate(run.WORKLOADS[workload], POLICIES[c], os.path.join(out, f"seed-{s}"),
+            out = os.path.join(args.out, cell, c)
+            bench_args = run.at_load(run.WORKLOADS[workload], at)
+            sims = [simulate(bench_args, POLICIES[c], os.path.join(out, f"seed-{s}"),
                              args.time_scale, s, outside, run.KV_BLOCKS.get(workload, 1536))
                     for s in seeds]
             q = lambda p: lambda s: s["ttft_s"][p] * 1e3
             cached = lambda s: s["cached_token_ratio"]
             row = [(median(real, f), median(sims, f)) for f in (q("p50"), q("p90"), cached)]
             (p50, p90, ratio) = row
+            p90s[(cell, c)] = p90
             delay = f"{outside.get('delay_ms', 0):.1f} + {outside.get('jitter_ms', 0):.1f}"
-            print(f"| {workload} | {c} ({POLICIES[c]}; {delay}) | {p50[0]:.0f} / {p50[1]:.0f} | "
+            print(f"| {cell} | {c} ({POLICIES[c]}; {delay}) | {p50[0]:.0f} / {p50[1]:.0f} | "
                   f"{deviation(p50[1], p50[0])} | {p90[0]:.0f} / {p90[1]:.0f} | {deviation(p90[1], p90[0])} | "
                   f"{ratio[0]:.3f} / {ratio[1]:.3f} | {deviation(ratio[1], ratio[0])} | "
                   f"{per_replica(real[-1])} / {sim_per_replica(os.path.join(out, f'seed-{seeds[0]}'), POLICIES[c])} |")
-
+    peers = [c for c in configs if POLICIES[c] not in ("kvgate", "cache-first")]
+    print()
+    print("| cell | " + " | ".join(f"kvgate P90 ÷ {p}'s, real / sim | dev" for p in peers) + " |")
+    print("|---|" + "---:|---:|" * len(peers))
+    for _, _, cell in cells:
+        if (cell, "kvgate") not in p90s:
+            continue
+        k = p90s[(cell, "kvgate")]
+        parts = []
+        for p in peers:
+            if (cell, p) in p90s:
+                o = p90s[(cell, p)]
+                real, sim = k[0] / o[0], k[1] / o[1]
+                parts.append(f"{real:.2f} / {sim:.2f} | {deviation(sim, real)}")
+            else:
+                parts.append("n/a | n/a")
+        print(f"| {cell} | " + " | ".join(parts) + " |")
 
 if __name__ == "__main__":
     main()
