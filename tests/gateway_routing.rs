@@ -105,13 +105,13 @@ async fn a_shared_prefix_sticks_to_one_replica_until_it_is_saturated() {
     }
     let owner = owner.unwrap();
 
-    // Slow every worker down and send 9 at once: the owner saturates and the rest spill.
+    // Slow every worker down and send 16 at once: the owner fills to its cap and the rest spill.
     for w in workers {
         w.set_faults(serde_json::json!({ "first_token_delay_ms": 800 }))
             .await;
     }
     let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..9 {
+    for i in 0..16 {
         let (client, url) = (client.clone(), gw.url());
         tasks.spawn(async move {
             let answer = send(
@@ -131,20 +131,22 @@ async fn a_shared_prefix_sticks_to_one_replica_until_it_is_saturated() {
         *landed.entry(r.unwrap()).or_default() += 1;
     }
     let on_owner = landed.get(&owner).copied().unwrap_or(0);
+    // No cap is under `min_load_cap` (8): a batching engine with a few requests is not loaded.
     assert!(
-        on_owner >= 1,
+        on_owner >= 8,
         "the owner takes what its bound allows: {landed:?}"
     );
-    assert!(on_owner < 9, "a saturated owner must spill: {landed:?}");
+    assert!(on_owner < 16, "a saturated owner must spill: {landed:?}");
     // Past its bounded-load cap the owner still has the least prefill ahead (it holds the
     // prompt), so only the imbalance guard stops it: 3 x (the idlest's in flight + 1) or a
-    // whole-prompt holder's cap, whichever is more; with 9 requests on 3 replicas, 6 at most.
+    // whole-prompt holder's cap, whichever is more; with 16 requests on 3 replicas,
+    // ceil(1.75 * 16 / 3) = 10 at most.
     assert!(
-        on_owner <= 6,
+        on_owner <= 10,
         "the owner exceeded the imbalance guard: {landed:?}"
     );
 
-    // Recovered: the prefix comes back to its owner.
+    // Recovered: the prefix goes to a replica that holds it.
     for w in workers {
         w.set_faults(serde_json::json!({})).await;
     }
@@ -155,7 +157,13 @@ async fn a_shared_prefix_sticks_to_one_replica_until_it_is_saturated() {
         &shared_prefix_prompt(999),
     )
     .await;
-    assert_eq!(answer.replica.unwrap(), owner);
+    // To a replica holding it: the owner, or one it spilled to (of those, the one with the
+    // least recent traffic, `traffic_bound`).
+    let replica = answer.replica.unwrap();
+    assert!(
+        landed.contains_key(&replica),
+        "{replica} holds no copy: {landed:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -27,7 +27,9 @@ pub struct PolicyConfig {
     pub imbalance_factor: f64,
     /// No bounded-load cap is below this many requests in flight (nor the imbalance guard,
     /// which is never below a holder's cap): an engine batches, so a replica with a few
-    /// requests is not loaded, and spilling a prefix from it only costs a prefill. At least 1.
+    /// requests is not loaded, and spilling a prefix from it only costs a prefill. It counts
+    /// requests from every gateway: a gateway that knows it has peers (`peers:`) floors its
+    /// caps at its share, `min_load_cap / gateways` rounded up. At least 1.
     pub min_load_cap: u32,
     /// Virtual nodes per replica on the consistent-hash ring.
     pub ring_vnodes: u32,
@@ -74,7 +76,7 @@ impl Default for PolicyConfig {
             load_factor: 1.25,
             cached_load_bonus: 0.5,
             imbalance_factor: 3.0,
-            min_load_cap: 1,
+            min_load_cap: 8,
             ring_vnodes: 40,
             ring_key_chunks: 4,
             chunk_bytes: 256,
@@ -85,7 +87,7 @@ impl Default for PolicyConfig {
             kv_saturation: 0.9,
             queue_saturation: 16,
             recompute_penalty: 0.0,
-            traffic_bound: 0.0,
+            traffic_bound: 1.0,
             traffic_half_life_ms: 10_000,
         }
     }

@@ -99,6 +99,11 @@ impl FleetState {
         self.ages
     }
 
+    /// How many gateways route to this fleet, this one included: see [`Policy::set_gateways`].
+    pub fn set_gateways(&mut self, gateways: u32) {
+        self.policy.set_gateways(gateways);
+    }
+
     /// New settings; learnt state is kept where it still applies.
     pub fn set_config(&mut self, config: PolicyConfig, ages: Option<ReportAges>) {
         self.policy.set_config(config);

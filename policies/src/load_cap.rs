@@ -48,6 +48,8 @@ pub(crate) struct LoadCaps<'a> {
     held: &'a [f64],
     least_held: f64,
     blocks: f64,
+    /// The floor under every cap: this gateway's share of `min_load_cap`.
+    min_cap: u32,
     /// The imbalance guard (see [`LoadCaps::guard`]).
     imbalance: u32,
     /// The cap for cold placement.
@@ -55,12 +57,14 @@ pub(crate) struct LoadCaps<'a> {
 }
 
 impl<'a> LoadCaps<'a> {
-    /// `held` by replica slot, `blocks` the prompt's length.
+    /// `held` by replica slot, `blocks` the prompt's length; `gateways` share the fleet (each
+    /// counts only its own requests, so each floors its caps at its share of `min_load_cap`).
     pub fn new(
         config: &'a PolicyConfig,
         fleet: &FleetLoad,
         held: &'a [f64],
         blocks: usize,
+        gateways: u32,
     ) -> Self {
         let mut caps = LoadCaps {
             config,
@@ -69,6 +73,7 @@ impl<'a> LoadCaps<'a> {
             held,
             least_held: fleet.least_held,
             blocks: blocks.max(1) as f64,
+            min_cap: config.min_load_cap.div_ceil(gateways.max(1)),
             imbalance: u32::MAX,
             bound: 0,
         };
@@ -92,11 +97,11 @@ impl<'a> LoadCaps<'a> {
         self.imbalance
     }
 
-    /// `ceil(factor * total / healthy)`, at least `min_load_cap` and 1 (never over the
-    /// guard, which is at least a whole-prompt holder's cap).
+    /// `ceil(factor * total / healthy)`, at least this gateway's share of `min_load_cap` and
+    /// 1 (never over the guard, which is at least a whole-prompt holder's cap).
     fn with_factor(&self, factor: f64) -> u32 {
         let cap = ((factor * self.total) / self.healthy).ceil() as u32;
-        cap.max(self.config.min_load_cap).max(1)
+        cap.max(self.min_cap).max(1)
     }
 
     /// A replica's cap: the cold bound, raised by `cached_load_bonus` for the share of the

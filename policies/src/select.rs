@@ -94,6 +94,8 @@ pub struct Policy {
     sessions: SessionTable,
     traffic: RecentTraffic,
     members: Vec<(ReplicaId, String)>,
+    /// Gateways routing to this fleet, this one included (see [`Policy::set_gateways`]).
+    gateways: u32,
 }
 
 impl Policy {
@@ -107,6 +109,7 @@ impl Policy {
             sessions: SessionTable::default(),
             traffic: RecentTraffic::default(),
             members: Vec::new(),
+            gateways: 1,
         }
     }
 
@@ -126,6 +129,13 @@ impl Policy {
         if rebuild_ring {
             self.rebuild_ring();
         }
+    }
+
+    /// How many gateways route to this fleet, this one included (1 unless it knows its
+    /// peers): each counts only its own requests in flight, so each takes its share of the
+    /// fleet-wide floor under the caps (`min_load_cap`).
+    pub fn set_gateways(&mut self, gateways: u32) {
+        self.gateways = gateways.max(1);
     }
 
     /// Sets the fleet membership: each replica's slot and its stable name (which places it on
@@ -270,7 +280,7 @@ impl Policy {
             return Decision::default();
         }
         let c = &self.config;
-        let caps = LoadCaps::new(c, &load, &matched, blocks);
+        let caps = LoadCaps::new(c, &load, &matched, blocks, self.gateways);
         let load_bound = caps.bound;
         let limits: Vec<Limits> = fleet
             .replicas

@@ -71,7 +71,8 @@ impl Gateway {
                 message: format!("metrics: {e}"),
             }]
         })?;
-        let fleet = FleetState::new(config.policy.clone(), report_ages(&config));
+        let mut fleet = FleetState::new(config.policy.clone(), report_ages(&config));
+        fleet.set_gateways(gateways(&config));
         let replicas = build_replicas(&config, &[], &[])?;
         let tokens = read_tokens(&config)?;
         let tokenizers = tokenizers::load(&config, &TokenModes::new())?;
@@ -163,8 +164,11 @@ impl Gateway {
             tracing::warn!("upstream_ca_file changes take effect only after a restart");
         }
         *self.tokens.write().unwrap_or_else(PoisonError::into_inner) = tokens;
-        self.fleet()
-            .set_config(config.policy.clone(), report_ages(&config));
+        {
+            let mut fleet = self.fleet();
+            fleet.set_config(config.policy.clone(), report_ages(&config));
+            fleet.set_gateways(gateways(&config));
+        }
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(Snapshot {
             config,
             replicas,
@@ -533,6 +537,14 @@ impl Gateway {
         let ages = fleet.report_ages();
         status_json(replica, r, ages, now)
     }
+}
+
+/// The gateways routing to this fleet, as far as this one knows: itself and its peers.
+fn gateways(config: &GatewayConfig) -> u32 {
+    config
+        .peers
+        .as_ref()
+        .map_or(1, |p| p.urls.len().saturating_add(1) as u32)
 }
 
 fn status_json(

@@ -175,8 +175,12 @@ impl<'a> Sim<'a> {
         };
         let gateways = (0..config.gateways)
             .map(|_| {
-                let shares = config.exchange_delay_ms.is_some() && config.gateways > 1;
-                Gateway::new(router, &specs, ages, &served, shares)
+                // Gateways that exchange decisions know their peers, as `peers:` tells a real one.
+                let peers = match config.exchange_delay_ms {
+                    Some(_) if config.gateways > 1 => config.gateways as u32 - 1,
+                    _ => 0,
+                };
+                Gateway::new(router, &specs, ages, &served, peers)
             })
             .collect();
         Ok(Sim {

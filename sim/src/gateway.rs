@@ -54,14 +54,15 @@ pub(crate) struct Gateway {
 }
 
 impl Gateway {
-    /// `shares`: its kvgate decisions go to the other gateways (see [`Gateway::outbox`]).
+    /// `peers`: the other gateways its kvgate decisions go to (see [`Gateway::outbox`]).
     pub fn new(
         router: &Router,
         specs: &[(ReplicaId, ReplicaSpec)],
         ages: ReportAges,
         served: &Served,
-        shares: bool,
+        peers: u32,
     ) -> Self {
+        let shares = peers > 0;
         let n = specs.len();
         let policy = match router {
             Router::Kvgate(policy) => policy.clone(),
@@ -69,6 +70,7 @@ impl Gateway {
         };
         let mut fleet = FleetState::new(policy, Some(ages));
         fleet.set_replicas(specs.to_vec());
+        fleet.set_gateways(peers + 1);
         let routing = match router {
             Router::Kvgate(_) => Routing::Kvgate,
             Router::RoundRobin => Routing::RoundRobin,

@@ -9,6 +9,15 @@ fn policy(n: u32) -> Policy {
     policy_with(n, PolicyConfig::default())
 }
 
+/// The caps without their floor (`min_load_cap: 1`): the bounded-load arithmetic at the small
+/// counts these tests use.
+fn unfloored() -> PolicyConfig {
+    PolicyConfig {
+        min_load_cap: 1,
+        ..Default::default()
+    }
+}
+
 fn policy_with(n: u32, config: PolicyConfig) -> Policy {
     let mut p = Policy::new(config);
     let names: Vec<String> = (0..n).map(|i| format!("http://replica-{i}")).collect();
@@ -112,8 +121,45 @@ fn cold_prefix_goes_to_the_ring_owner_and_warm_prefix_sticks() {
 }
 
 #[test]
+fn bounded_traffic_moves_the_cold_owner_but_not_a_holder() {
+    let config = PolicyConfig {
+        traffic_bound: 1.0,
+        ..Default::default()
+    };
+    let mut p = policy_with(4, config);
+    let fleet = view(&[0, 0, 0, 0]);
+    let warm = features(12345, &[1, 2, 3]);
+    let home = p.select(&warm, FleetView { replicas: &fleet }).ranked[0].replica;
+    // Its group brings traffic: the home carries far more than its share.
+    for now_ms in 0..20 {
+        p.record(
+            home,
+            &RequestFeatures {
+                now_ms,
+                ..warm.clone()
+            },
+        );
+    }
+    let d = p.select(&warm, FleetView { replicas: &fleet });
+    assert_eq!(d.ranked[0].replica, home, "the holder keeps its group");
+    assert_eq!(d.ranked[0].signals[Signal::Ring], 0.0);
+    // A cold prompt whose ring owner is the busy home goes to its next replica instead.
+    let cold_on_home = (0..10_000u64)
+        .map(|key| features(key, &[key + 1_000]))
+        .find(|f| policy(4).select(f, FleetView { replicas: &fleet }).ranked[0].replica == home)
+        .unwrap();
+    let d = p.select(&cold_on_home, FleetView { replicas: &fleet });
+    assert_ne!(d.ranked[0].replica, home);
+    assert_eq!(d.ranked[0].signals[Signal::Ring], 1.0);
+    // Off, the ring owner is the home again.
+    let off = policy(4);
+    let d = off.select(&cold_on_home, FleetView { replicas: &fleet });
+    assert_eq!(d.ranked[0].replica, home);
+}
+
+#[test]
 fn saturated_holder_yields_its_prefix() {
-    let mut p = policy(3);
+    let mut p = policy_with(3, unfloored());
     let f = features(7, &[1, 2]);
     let idle = view(&[0, 0, 0]);
     let owner = p.select(&f, FleetView { replicas: &idle }).ranked[0].replica;
@@ -160,6 +206,18 @@ fn below_the_min_load_cap_a_holder_keeps_its_prefix() {
     );
     let held = d.ranked.iter().find(|c| c.replica == owner).unwrap();
     assert!(held.saturated && held.signals[Signal::Prefix] == 0.0);
+    // One of four gateways counts a quarter of the fleet's requests: its floor is 8 / 4.
+    p.set_gateways(4);
+    loads[owner.0 as usize] = 2;
+    let d = p.select(
+        &f,
+        FleetView {
+            replicas: &view(&loads),
+        },
+    );
+    assert_eq!(d.load_bound, 2);
+    let held = d.ranked.iter().find(|c| c.replica == owner).unwrap();
+    assert!(held.saturated);
 }
 
 #[test]
@@ -167,7 +225,7 @@ fn cached_load_bonus_keeps_a_prompt_home_past_the_cold_bound() {
     let config = PolicyConfig {
         cached_load_bonus: 0.5,
         imbalance_factor: 0.0,
-        ..Default::default()
+        ..unfloored()
     };
     let mut p = policy_with(3, config);
     let f = features(7, &[1, 2]);
@@ -210,7 +268,7 @@ fn cached_load_bonus_keeps_a_prompt_home_past_the_cold_bound() {
 fn a_replica_without_the_shared_prefix_does_not_starve() {
     let config = |imbalance_factor| PolicyConfig {
         imbalance_factor,
-        ..Default::default()
+        ..unfloored()
     };
     let shared = RequestFeatures {
         prompt_tokens: 1_000,
@@ -354,8 +412,8 @@ proptest! {
     /// flight never pushes a replica past ceil(c * total / n) for cold prefixes, nor past
     /// ceil((c + bonus) * total / n) where it holds the prompt, unless the prefill signal
     /// (load in tokens) keeps it there; and nothing, whatever the prefill backlogs, pushes
-    /// a replica past the imbalance guard. Every cap is at least `min_load_cap`, and the
-    /// recompute penalty changes none of it.
+    /// a replica past the imbalance guard. Every cap is at least `min_load_cap`, and neither
+    /// the recompute penalty nor the traffic bound changes any of it.
     #[test]
     fn bounded_load_holds(
         requests in prop::collection::vec((any::<u64>(), 0u64..6, 0u64..20_000), 1..200),
@@ -365,12 +423,14 @@ proptest! {
         prefill in prop::sample::select(vec![0.0, 6.0]),
         min_cap in prop::sample::select(vec![1u32, 4, 8]),
         penalty in prop::sample::select(vec![0.0, 1.0, 4.0]),
+        traffic in prop::sample::select(vec![0.0, 1.0, 1.5]),
     ) {
         let mut config = PolicyConfig {
             cached_load_bonus: bonus,
             imbalance_factor: imbalance,
             min_load_cap: min_cap,
             recompute_penalty: penalty,
+            traffic_bound: traffic,
             ..Default::default()
         };
         config.weights.0[Signal::Prefill] = prefill;
@@ -407,6 +467,34 @@ proptest! {
         }
     }
 
+    /// Bounded traffic: cold prompts placed one by one on an idle fleet give no replica more
+    /// than `traffic_bound * m / n + 1` of m, wherever their ring keys fall; a gateway told
+    /// the same decisions ranks every prompt alike.
+    #[test]
+    fn bounded_traffic_spreads_cold_prompts(
+        keys in prop::collection::vec(any::<u64>(), 1..120),
+        n in 1u32..17,
+        bound in prop::sample::select(vec![1.0, 1.25, 2.0]),
+    ) {
+        let config = PolicyConfig { traffic_bound: bound, ..Default::default() };
+        let (mut p, mut peer) = (policy_with(n, config.clone()), policy_with(n, config));
+        let fleet = view(&vec![0; n as usize]);
+        let mut placed = vec![0u32; n as usize];
+        for (k, &key) in keys.iter().enumerate() {
+            let f = RequestFeatures { now_ms: k as u64, ..features(key, &[key, key ^ 1]) };
+            let d = p.select(&f, FleetView { replicas: &fleet });
+            prop_assert_eq!(&d, &peer.select(&f, FleetView { replicas: &fleet }));
+            let pick = d.ranked[0].replica;
+            p.record_choice(&d.ranked[0], &f);
+            peer.record(pick, &f);
+            placed[pick.0 as usize] += 1;
+        }
+        let most = f64::from(*placed.iter().max().unwrap());
+        // Within a millisecond apart over 120 ms, a 10 s half-life decays nothing that matters.
+        let limit = bound * keys.len() as f64 / f64::from(n) + 1.0 + 0.05;
+        prop_assert!(most <= limit, "{placed:?}: {most} over {limit}");
+    }
+
     #[test]
     fn ranking_is_deterministic_and_complete(key in any::<u64>(), loads in prop::collection::vec(0u32..10, 1..12)) {
         let p = policy(loads.len() as u32);
@@ -426,7 +514,7 @@ proptest! {
 
 #[test]
 fn the_breakdown_names_every_signal() {
-    let p = policy(2);
+    let p = policy_with(2, unfloored());
     let d = p.select(
         &features(1, &[1, 2]),
         FleetView {
