@@ -495,6 +495,30 @@ proptest! {
         prop_assert!(most <= limit, "{placed:?}: {most} over {limit}");
     }
 
+    /// A holder below its cap keeps its group, whatever the fleet's loads and recent traffic
+    /// (the traffic bound moves only the ring owner).
+    #[test]
+    fn a_holder_within_its_bound_keeps_its_group(
+        loads in prop::collection::vec(0u32..12, 2..9),
+        history in prop::collection::vec(0usize..8, 0..200),
+        holder in 0usize..8,
+        key in any::<u64>(),
+    ) {
+        let n = loads.len();
+        let holder = holder % n;
+        let mut p = policy(n as u32);
+        for (t, &r) in history.iter().enumerate() {
+            let other = features(t as u64, &[1_000 + t as u64]);
+            p.record(ReplicaId((r % n) as u32), &RequestFeatures { now_ms: t as u64, ..other });
+        }
+        let group = RequestFeatures { prompt_tokens: 1_000, now_ms: 200, ..features(key, &[7, 8, 9]) };
+        p.record(ReplicaId(holder as u32), &group);
+        let d = p.select(&group, FleetView { replicas: &view(&loads) });
+        let home = d.ranked.iter().find(|c| c.replica.0 as usize == holder).unwrap();
+        prop_assume!(!home.saturated);
+        prop_assert_eq!(d.ranked[0].replica, home.replica, "{:?}", d.ranked);
+    }
+
     #[test]
     fn ranking_is_deterministic_and_complete(key in any::<u64>(), loads in prop::collection::vec(0u32..10, 1..12)) {
         let p = policy(loads.len() as u32);
