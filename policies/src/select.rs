@@ -257,13 +257,17 @@ impl Policy {
             self.traffic
                 .of(id.0 as usize, now_ms, c.traffic_half_life_ms)
         };
-        let (healthy, total) = fleet
-            .replicas
-            .iter()
-            .filter(|r| r.healthy)
-            .fold((0.0, 0.0), |(n, t), r| (n + 1.0, t + of(r.id)));
-        let bound = c.traffic_bound * (total + 1.0) / f64::max(healthy, 1.0);
-        move |id| c.traffic_bound == 0.0 || of(id) <= bound
+        let bound = if c.traffic_bound == 0.0 {
+            f64::INFINITY
+        } else {
+            let (healthy, total) = fleet
+                .replicas
+                .iter()
+                .filter(|r| r.healthy)
+                .fold((0.0, 0.0), |(n, t), r| (n + 1.0, t + of(r.id)));
+            c.traffic_bound * (total + 1.0) / f64::max(healthy, 1.0)
+        };
+        move |id| bound == f64::INFINITY || of(id) <= bound
     }
 
     /// The best `top` healthy replicas of `fleet` for a request, best first (the same as the
