@@ -3,13 +3,14 @@
 //! `/metrics` stay open (they carry no secrets), and agents post reports with their own token.
 
 use crate::gateway::Gateway;
+use crate::peers::PEER_PATH;
 use crate::proxy::request;
 use crate::proxy::respond;
 use async_trait::async_trait;
 use bytes::BytesMut;
 use http::Method;
 use kvgate_protocol::openai::Endpoint;
-use kvgate_protocol::telemetry::token_matches;
+use kvgate_protocol::telemetry::{token_matches, REPORT_PATH};
 use kvgate_protocol::{ApiError, ErrorKind};
 use pingora_core::apps::{HttpPersistentSettings, HttpServerApp, ReusedHttpStream};
 use pingora_core::protocols::http::ServerSession;
@@ -120,26 +121,17 @@ impl HttpServerApp for AdminApp {
                     )
                 }
             },
-            (&Method::POST, kvgate_protocol::telemetry::REPORT_PATH) => {
+            (&Method::POST, route @ (REPORT_PATH | PEER_PATH)) => {
                 let auth = session
                     .req_header()
                     .headers
                     .get(http::header::AUTHORIZATION)
                     .map(|v| v.as_bytes().to_vec());
-                match read_all(&mut session, &limits).await {
-                    Some(body) => crate::agents::take_report(gateway, auth.as_deref(), &body),
-                    None => return None,
-                }
-            }
-            (&Method::POST, crate::peers::PEER_PATH) => {
-                let auth = session
-                    .req_header()
-                    .headers
-                    .get(http::header::AUTHORIZATION)
-                    .map(|v| v.as_bytes().to_vec());
-                match read_all(&mut session, &limits).await {
-                    Some(body) => crate::peers::take_push(gateway, auth.as_deref(), &body),
-                    None => return None,
+                let body = read_all(&mut session, &limits).await?;
+                if route == REPORT_PATH {
+                    crate::agents::take_report(gateway, auth.as_deref(), &body)
+                } else {
+                    crate::peers::take_push(gateway, auth.as_deref(), &body)
                 }
             }
             (&Method::POST, "/admin/explain") => match read_all(&mut session, &limits).await {

@@ -6,7 +6,7 @@
 //! in sequence, the reply asks the agent for a snapshot.
 
 use crate::gateway::Gateway;
-use kvgate_protocol::telemetry::{token_matches, ReportReply, TelemetryReport, TELEMETRY_VERSION};
+use kvgate_protocol::telemetry::{ReportReply, TelemetryReport, TELEMETRY_VERSION};
 use kvgate_protocol::{ApiError, ErrorKind};
 
 /// Handles one report; returns the status and JSON body to answer with.
@@ -33,21 +33,12 @@ fn accept(
     authorization: Option<&[u8]>,
     body: &[u8],
 ) -> Result<ReportReply, ApiError> {
-    let Some(token) = gateway.agent_token() else {
-        return Err(ApiError::new(
-            ErrorKind::NotFound,
-            "agent reports are off (the config has no `agents` section)",
-        ));
-    };
-    let presented = authorization
-        .and_then(|h| h.strip_prefix(b"Bearer "))
-        .unwrap_or_default();
-    if !token_matches(presented, token.as_bytes()) {
-        return Err(ApiError::new(
-            ErrorKind::Unauthorized,
-            "missing or wrong bearer token",
-        ));
-    }
+    crate::bearer::check(
+        gateway.agent_token(),
+        authorization,
+        "agent reports are off (the config has no `agents` section)",
+        "agents.token_file",
+    )?;
     let mut report: TelemetryReport = serde_json::from_slice(body)
         .map_err(|e| ApiError::new(ErrorKind::InvalidRequest, format!("bad report: {e}")))?;
     if report.version != TELEMETRY_VERSION {

@@ -4,6 +4,7 @@
 mod admin;
 mod admission;
 mod agents;
+mod bearer;
 mod classes;
 mod client;
 pub mod config;

@@ -13,7 +13,6 @@ use crate::config::Upstream;
 use crate::gateway::Gateway;
 use bytes::Bytes;
 use kvgate_policies::RequestFeatures;
-use kvgate_protocol::telemetry::token_matches;
 use kvgate_protocol::{ApiError, ErrorKind};
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
@@ -129,21 +128,12 @@ fn accept(
     authorization: Option<&[u8]>,
     body: &[u8],
 ) -> Result<(usize, usize), ApiError> {
-    let Some(token) = gateway.peer_token() else {
-        return Err(ApiError::new(
-            ErrorKind::NotFound,
-            "the decision exchange is off (the config has no `peers` section)",
-        ));
-    };
-    let presented = authorization
-        .and_then(|h| h.strip_prefix(b"Bearer "))
-        .unwrap_or_default();
-    if !token_matches(presented, token.as_bytes()) {
-        return Err(ApiError::new(
-            ErrorKind::Unauthorized,
-            "missing or wrong bearer token (peers.token_file)",
-        ));
-    }
+    crate::bearer::check(
+        gateway.peer_token(),
+        authorization,
+        "the decision exchange is off (the config has no `peers` section)",
+        "peers.token_file",
+    )?;
     let push: PeerPush = serde_json::from_slice(body)
         .map_err(|e| ApiError::new(ErrorKind::InvalidRequest, format!("bad push: {e}")))?;
     if push.version != PEER_VERSION {
