@@ -7,9 +7,10 @@ use std::time::Duration;
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// The server's base URL (a gateway or one engine).
-    #[arg(long)]
-    url: String,
+    /// The server's base URL (a gateway or one engine); repeat it for several gateways in
+    /// front of one fleet, which requests then take turns over.
+    #[arg(long = "url", required = true)]
+    urls: Vec<String>,
     /// Default: the first model of the server's `/v1/models`.
     #[arg(long)]
     model: Option<String>,
@@ -191,7 +192,7 @@ impl BenchArgs {
             return Err(format!("--duration-s must be a positive number, got {d}"));
         }
         Ok(BenchConfig {
-            url: self.url,
+            urls: self.urls,
             model: self.model,
             workload,
             load,

@@ -6,12 +6,17 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::rt::TokioExecutor;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(Clone)]
 pub struct Client {
     http: HyperClient<HttpConnector, Full<Bytes>>,
-    base: String,
+    /// Every server's base URL; requests take turns over them (several gateways in front of
+    /// one fleet, as a client-side balancer would spread them).
+    bases: Arc<[String]>,
+    next: Arc<AtomicUsize>,
     headers: Vec<(String, String)>,
     /// Carries each request's prefix group, when named.
     group_header: Option<String>,
@@ -43,8 +48,12 @@ pub struct Message {
 }
 
 impl Client {
-    /// `base` is `http://HOST:PORT`; `headers` go with every request.
-    pub fn new(base: &str, headers: Vec<(String, String)>, group_header: Option<String>) -> Client {
+    /// `bases` are `http://HOST:PORT` (at least one); `headers` go with every request.
+    pub fn new(
+        bases: &[String],
+        headers: Vec<(String, String)>,
+        group_header: Option<String>,
+    ) -> Client {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         let http = HyperClient::builder(TokioExecutor::new())
@@ -52,22 +61,32 @@ impl Client {
             .build(connector);
         Client {
             http,
-            base: base.trim_end_matches('/').to_string(),
+            bases: bases
+                .iter()
+                .map(|b| b.trim_end_matches('/').to_string())
+                .collect(),
+            next: Arc::new(AtomicUsize::new(0)),
             headers,
             group_header,
         }
     }
 
+    /// The server the next request goes to: each in turn.
+    fn next_base(&self) -> &str {
+        &self.bases[self.next.fetch_add(1, Ordering::Relaxed) % self.bases.len()]
+    }
+
     /// The first model of `GET /v1/models`.
     pub async fn first_model(&self) -> Result<String, String> {
-        let req = http::Request::get(format!("{}/v1/models", self.base))
+        let base = &self.bases[0];
+        let req = http::Request::get(format!("{base}/v1/models"))
             .body(Full::new(Bytes::new()))
             .map_err(|e| e.to_string())?;
         let resp = self
             .http
             .request(req)
             .await
-            .map_err(|e| format!("{}: {e}", self.base))?;
+            .map_err(|e| format!("{base}: {e}"))?;
         let body = resp
             .into_body()
             .collect()
@@ -99,7 +118,7 @@ impl Client {
             "stream": true,
             "stream_options": {"include_usage": true},
         });
-        let mut req = http::Request::post(format!("{}/v1/chat/completions", self.base))
+        let mut req = http::Request::post(format!("{}/v1/chat/completions", self.next_base()))
             .header("content-type", "application/json")
             .header("x-kvgate-debug", "1");
         for (k, v) in &self.headers {

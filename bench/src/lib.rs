@@ -25,8 +25,8 @@ use std::time::Duration;
 
 #[derive(Debug, Clone)]
 pub struct BenchConfig {
-    /// The server's base URL (`http://HOST:PORT`).
-    pub url: String,
+    /// The servers' base URLs (`http://HOST:PORT`); requests take turns over them.
+    pub urls: Vec<String>,
     /// The model to ask for (default: the first of `/v1/models`).
     pub model: Option<String>,
     pub workload: Workload,
@@ -56,6 +56,9 @@ pub async fn run(config: BenchConfig) -> Result<Summary, String> {
     if config.requests == 0 {
         return Err("--requests must be at least 1".into());
     }
+    if config.urls.is_empty() {
+        return Err("--url is required".into());
+    }
     match config.load {
         Load::Concurrency(0) => return Err("--concurrency must be at least 1".into()),
         Load::Rate(r) if !(r.is_finite() && r > 0.0) => {
@@ -69,7 +72,7 @@ pub async fn run(config: BenchConfig) -> Result<Summary, String> {
         _ => {}
     }
     let client = client::Client::new(
-        &config.url,
+        &config.urls,
         config.headers.clone(),
         config.group_header.clone(),
     );
@@ -108,7 +111,7 @@ pub fn table(summary: &Summary) -> String {
 fn labels(config: &BenchConfig, model: &str) -> BTreeMap<String, String> {
     let mut l = BTreeMap::new();
     l.insert("model".into(), model.to_string());
-    l.insert("url".into(), config.url.clone());
+    l.insert("url".into(), config.urls.join(","));
     l.insert("workload".into(), config.workload.name());
     l.insert("load".into(), format!("{:?}", config.load));
     l.insert("seed".into(), config.seed.to_string());

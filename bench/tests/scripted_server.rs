@@ -112,7 +112,7 @@ async fn metrics_match_the_script() {
     tokio::spawn(serve(listener));
     let out = std::env::temp_dir().join(format!("kvgate-bench-test-{}", std::process::id()));
     let config = BenchConfig {
-        url,
+        urls: vec![url],
         model: Some("scripted".into()),
         workload: Workload::Random {
             input_mean: 20.0,
