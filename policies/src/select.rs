@@ -146,7 +146,8 @@ impl Policy {
                 self.prefix.clear_replica(*old);
                 self.precise.clear_replica(*old);
                 self.sessions.forget_replica(*old);
-                self.traffic.clear(old.0 as usize);
+                let half_life = self.config.traffic_half_life_ms;
+                self.traffic.clear(old.0 as usize, half_life);
             }
         }
         self.members = members
@@ -250,24 +251,16 @@ impl Policy {
         }
     }
 
-    /// Whether a replica's recent traffic is within the `traffic_bound` (always, when off).
-    fn traffic_bound(&self, now_ms: u64, fleet: FleetView<'_>) -> impl Fn(ReplicaId) -> bool + '_ {
+    /// Whether a replica carries at most `traffic_bound` times its share of the fleet's
+    /// recent traffic (every one does while the bound is off).
+    fn within_traffic(&self, now_ms: u64, healthy: u32) -> impl Fn(ReplicaId) -> bool + '_ {
         let c = &self.config;
-        let of = move |id: ReplicaId| {
-            self.traffic
-                .of(id.0 as usize, now_ms, c.traffic_half_life_ms)
-        };
-        let bound = if c.traffic_bound == 0.0 {
-            f64::INFINITY
-        } else {
-            let (healthy, total) = fleet
-                .replicas
-                .iter()
-                .filter(|r| r.healthy)
-                .fold((0.0, 0.0), |(n, t), r| (n + 1.0, t + of(r.id)));
-            c.traffic_bound * (total + 1.0) / f64::max(healthy, 1.0)
-        };
-        move |id| bound == f64::INFINITY || of(id) <= bound
+        let half_life = c.traffic_half_life_ms;
+        let total = self.traffic.total(now_ms, half_life);
+        let bound = c.traffic_bound * (total + 1.0) / f64::from(healthy.max(1));
+        move |id| {
+            c.traffic_bound == 0.0 || self.traffic.of(id.0 as usize, now_ms, half_life) <= bound
+        }
     }
 
     /// The best `top` healthy replicas of `fleet` for a request, best first (the same as the
@@ -333,7 +326,7 @@ impl Policy {
                     .unwrap_or(u64::MAX)
             })
             .collect();
-        let within_traffic = self.traffic_bound(features.now_ms, fleet);
+        let within_traffic = self.within_traffic(features.now_ms, load.healthy);
         let owner_among = |traffic_bounded: bool| {
             fleet
                 .replicas
@@ -345,7 +338,11 @@ impl Policy {
                 .min_by_key(|((r, &d), _)| (d, r.id))
                 .map(|((r, _), _)| r.id)
         };
-        let owner = owner_among(true).or_else(|| owner_among(false));
+        // Usually the ring's owner is within its traffic bound: one lookup, not one each.
+        let owner = match owner_among(false) {
+            Some(o) if !within_traffic(o) => owner_among(true).or(Some(o)),
+            o => o,
+        };
 
         let w = features.weights.as_ref().unwrap_or(&c.weights);
         let session_home = features

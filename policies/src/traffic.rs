@@ -3,11 +3,13 @@
 //! requests in flight at one instant say little about the prefixes it serves: an idle moment
 //! between two bursts of a popular group looks like room.
 
-/// A decayed count per replica slot.
+/// A decayed count per replica slot, and their sum (every count decays alike, so the sum is
+/// one decayed count too: no pass over the slots to total them).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct RecentTraffic {
     /// By slot: the count as of `at_ms`.
     slots: Vec<Decayed>,
+    total: Decayed,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -21,6 +23,14 @@ impl Decayed {
         let elapsed = now_ms.saturating_sub(self.at_ms) as f64;
         self.count * (-elapsed / half_life_ms.max(1) as f64).exp2()
     }
+
+    /// Adds `n` (negative to take away) at `now_ms`.
+    fn add(&mut self, n: f64, now_ms: u64, half_life_ms: u64) {
+        *self = Decayed {
+            count: (self.at(now_ms, half_life_ms) + n).max(0.0),
+            at_ms: now_ms.max(self.at_ms),
+        };
+    }
 }
 
 impl RecentTraffic {
@@ -29,11 +39,13 @@ impl RecentTraffic {
         if self.slots.len() <= slot {
             self.slots.resize(slot + 1, Decayed::default());
         }
-        let d = &mut self.slots[slot];
-        *d = Decayed {
-            count: d.at(now_ms, half_life_ms) + 1.0,
-            at_ms: now_ms.max(d.at_ms),
-        };
+        self.slots[slot].add(1.0, now_ms, half_life_ms);
+        self.total.add(1.0, now_ms, half_life_ms);
+    }
+
+    /// The sum of every slot's count at `now_ms`.
+    pub fn total(&self, now_ms: u64, half_life_ms: u64) -> f64 {
+        self.total.at(now_ms, half_life_ms)
     }
 
     /// The decayed count of `slot` at `now_ms` (0 for a slot never counted).
@@ -43,10 +55,12 @@ impl RecentTraffic {
             .map_or(0.0, |d| d.at(now_ms, half_life_ms))
     }
 
-    /// Forgets a slot (its replica left the fleet).
-    pub fn clear(&mut self, slot: usize) {
+    /// Forgets a slot (its replica left the fleet), and its part of the sum.
+    pub fn clear(&mut self, slot: usize, half_life_ms: u64) {
         if let Some(d) = self.slots.get_mut(slot) {
-            *d = Decayed::default();
+            let gone = std::mem::take(d);
+            let at = self.total.at_ms.max(gone.at_ms);
+            self.total.add(-gone.at(at, half_life_ms), at, half_life_ms);
         }
     }
 }
@@ -66,8 +80,11 @@ mod tests {
         assert!((t.of(2, 2_000, 500) - 1.0).abs() < 1e-12);
         assert_eq!(t.of(0, 2_000, 500), 0.0);
         assert_eq!(t.of(9, 2_000, 500), 0.0);
-        t.clear(2);
+        t.add(0, 2_000, 500);
+        assert!((t.total(2_000, 500) - 2.0).abs() < 1e-12);
+        t.clear(2, 500);
         assert_eq!(t.of(2, 2_000, 500), 0.0);
+        assert!((t.total(2_000, 500) - 1.0).abs() < 1e-12);
     }
 
     #[test]
