@@ -153,7 +153,7 @@ impl HttpServerApp for AdminApp {
 
 /// Checks the admin token, when there is one.
 fn authorize(gateway: &Gateway, session: &ServerSession) -> Result<(), ApiError> {
-    let Some(token) = gateway.admin_token() else {
+    let Some(token) = gateway.tokens().admin.clone() else {
         return Ok(());
     };
     let presented = session

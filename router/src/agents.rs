@@ -34,7 +34,7 @@ fn accept(
     body: &[u8],
 ) -> Result<ReportReply, ApiError> {
     crate::bearer::check(
-        gateway.agent_token(),
+        gateway.tokens().agent.clone(),
         authorization,
         "agent reports are off (the config has no `agents` section)",
         "agents.token_file",

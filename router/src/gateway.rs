@@ -72,7 +72,7 @@ impl Gateway {
             }]
         })?;
         let mut fleet = FleetState::new(config.policy.clone(), report_ages(&config));
-        fleet.set_gateways(gateways(&config));
+        fleet.set_gateways(crate::peers::group_size(&config));
         let replicas = build_replicas(&config, &[], &[])?;
         let tokens = read_tokens(&config)?;
         let tokenizers = tokenizers::load(&config, &TokenModes::new())?;
@@ -167,7 +167,7 @@ impl Gateway {
         {
             let mut fleet = self.fleet();
             fleet.set_config(config.policy.clone(), report_ages(&config));
-            fleet.set_gateways(gateways(&config));
+            fleet.set_gateways(crate::peers::group_size(&config));
         }
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(Snapshot {
             config,
@@ -187,31 +187,9 @@ impl Gateway {
         self.epoch.elapsed().as_millis() as u64
     }
 
-    /// The token agents must present, when agent reports are on.
-    pub fn agent_token(&self) -> Option<String> {
-        self.tokens
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .agent
-            .clone()
-    }
-
-    /// The token peer gateways present and are presented, with `peers:`.
-    pub fn peer_token(&self) -> Option<String> {
-        self.tokens
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .peer
-            .clone()
-    }
-
-    /// The token the admin API asks for, when it has one.
-    pub fn admin_token(&self) -> Option<String> {
-        self.tokens
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .admin
-            .clone()
+    /// The bearer tokens (admin API, agents, peers) as last read from their files.
+    pub(crate) fn tokens(&self) -> std::sync::RwLockReadGuard<'_, Tokens> {
+        self.tokens.read().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The replica a report is about (by name, else by URL); with `agents.join: open` an
@@ -404,25 +382,11 @@ impl Gateway {
         );
         let route = self.route_of(snap, decision, first);
         if let (Some(peers), Some((replica, _))) = (&snap.config.peers, route.ranked.first()) {
-            self.tell_peers(&replica.name, features, peers.max_pending);
+            let decision = crate::peers::PeerDecision::new(&replica.name, features);
+            self.outbox
+                .queue(decision, peers.max_pending, &self.metrics);
         }
         Ok(route)
-    }
-
-    /// Queues a decision for the peer gateways.
-    fn tell_peers(&self, replica: &str, features: &RequestFeatures, max_pending: usize) {
-        let decision = crate::peers::PeerDecision::new(replica, features);
-        let dropped = self.outbox.push(decision, max_pending);
-        let count = |outcome: &str| {
-            self.metrics
-                .peer_decisions
-                .with_label_values(&[outcome])
-                .inc()
-        };
-        count("queued");
-        if dropped {
-            count("dropped");
-        }
     }
 
     /// The ranked replicas of a decision, by slot.
@@ -537,14 +501,6 @@ impl Gateway {
         let ages = fleet.report_ages();
         status_json(replica, r, ages, now)
     }
-}
-
-/// The gateways routing to this fleet, as far as this one knows: itself and its peers.
-fn gateways(config: &GatewayConfig) -> u32 {
-    config
-        .peers
-        .as_ref()
-        .map_or(1, |p| p.urls.len().saturating_add(1) as u32)
 }
 
 fn status_json(

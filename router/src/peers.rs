@@ -9,8 +9,9 @@
 //! its oldest past `max_pending`, a failed push is not retried, and a received decision is not
 //! forwarded again, so a slow or dead peer costs nothing but its own agreement.
 
-use crate::config::Upstream;
+use crate::config::{GatewayConfig, Upstream};
 use crate::gateway::Gateway;
+use crate::metrics::Metrics;
 use bytes::Bytes;
 use kvgate_policies::RequestFeatures;
 use kvgate_protocol::{ApiError, ErrorKind};
@@ -27,6 +28,14 @@ pub const PEER_VERSION: u32 = 1;
 /// Leading prompt hashes shared per decision (4,096 tokens at 16-token blocks): enough to
 /// name a prompt's shared prefix, and a bound on a push's size whatever the prompts' length.
 pub const MAX_SHARED_HASHES: usize = 256;
+
+/// The gateways routing to this fleet as far as one knows: itself and its peers.
+pub fn group_size(config: &GatewayConfig) -> u32 {
+    config
+        .peers
+        .as_ref()
+        .map_or(1, |p| p.urls.len().saturating_add(1) as u32)
+}
 
 /// One routing decision as peers learn it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -82,8 +91,17 @@ pub struct Outbox {
 }
 
 impl Outbox {
+    /// Queues a decision, dropping the oldest to keep at most `max`; counts both.
+    pub fn queue(&self, decision: PeerDecision, max: usize, metrics: &Metrics) {
+        let count = |outcome: &str| metrics.peer_decisions.with_label_values(&[outcome]).inc();
+        count("queued");
+        if self.push(decision, max) {
+            count("dropped");
+        }
+    }
+
     /// Queues a decision; returns whether the oldest was dropped to keep at most `max`.
-    pub fn push(&self, decision: PeerDecision, max: usize) -> bool {
+    fn push(&self, decision: PeerDecision, max: usize) -> bool {
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         pending.push_back(decision);
         let dropped = pending.len() > max.max(1);
@@ -129,7 +147,7 @@ fn accept(
     body: &[u8],
 ) -> Result<(usize, usize), ApiError> {
     crate::bearer::check(
-        gateway.peer_token(),
+        gateway.tokens().peer.clone(),
         authorization,
         "the decision exchange is off (the config has no `peers` section)",
         "peers.token_file",
@@ -172,14 +190,13 @@ impl BackgroundService for Pusher {
         let mut resolved: Vec<(String, Result<Upstream, String>)> = Vec::new();
         loop {
             let snap = gateway.snapshot();
-            let Some(peers) = snap.config.peers.clone() else {
+            let Some(peers) = &snap.config.peers else {
                 // Off: look again later, in case a reload turned it on.
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
                     _ = shutdown.changed() => return,
                 }
             };
-            drop(snap);
             if !resolved.iter().map(|(u, _)| u).eq(peers.urls.iter()) {
                 resolved = peers
                     .urls
@@ -218,7 +235,10 @@ async fn push_all(
             return;
         }
     };
-    let auth = format!("Bearer {}", gateway.peer_token().unwrap_or_default());
+    let auth = format!(
+        "Bearer {}",
+        gateway.tokens().peer.as_deref().unwrap_or_default()
+    );
     let mut pushes = tokio::task::JoinSet::new();
     for (url, up) in peers {
         let (gateway, body, auth, url, up) = (
