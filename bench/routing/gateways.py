@@ -12,21 +12,18 @@ replicas each prefix group reached, and its P90 over one gateway's (medians over
 Usage: bench/routing/gateways.py [--workloads one-system-prompt,shared-prefix] [--rate 20]
                                  [--gateways 2] [--rounds 3] [--out DIR]
 """
-import argparse, csv, json, os, signal, statistics, subprocess, sys, tempfile, time
+import argparse, csv, json, os, signal, statistics, subprocess, sys, tempfile
 
 import run
 
 
 def gateway_yaml(port, admin, workers, token_file, peer_admins):
-    y = [f'listen: "127.0.0.1:{port}"', f'admin_listen: "127.0.0.1:{admin}"',
-         "health: {interval_ms: 500}", "replicas:"]
-    y += [f'  - {{url: "{w}", id: w{i}}}' for i, w in enumerate(workers)]
-    y += ["agents:", f'  token_file: "{token_file}"', "tokenizers:",
-          f'  - {{model: "{run.MODEL}", path: "{run.GGUF}", block_size: 16}}']
+    """run.py's kvgate gateway (token mode, agents), with `peers:` when it has some."""
+    y = run.gateway_yaml(port, admin, workers, "kvgate", token_file)
     if peer_admins:
         urls = ", ".join(f'"{a}"' for a in peer_admins)
-        y += ["peers:", f"  urls: [{urls}]", f'  token_file: "{token_file}"']
-    return "\n".join(y) + "\n"
+        y += f'peers:\n  urls: [{urls}]\n  token_file: "{token_file}"\n'
+    return y
 
 
 def start_gateways(procs, count, exchange, workers, logs, token_file):
@@ -47,13 +44,8 @@ def start_gateways(procs, count, exchange, workers, logs, token_file):
     for i, w in enumerate(workers):
         started.append(procs.start(f"agent-{i}", [run.KVGATE, "agent", *to_all, "--token-file",
                                                   token_file, "--url", w, "--replica-id", f"w{i}"]))
-    deadline = time.time() + 30
     for admin in admins:
-        while time.time() < deadline:
-            reps = json.loads(run.get(f"{admin}/admin/replicas"))["replicas"]
-            if all(r.get("freshness") == "fresh" for r in reps):
-                break
-            time.sleep(0.2)
+        run.wait_fresh(admin)
     return [f"http://127.0.0.1:{p}" for p, _ in ports], started
 
 

@@ -211,13 +211,18 @@ def start_router(procs, config, workers, logs, token_file):
             started.append(procs.start(f"agent-{i}", [
                 KVGATE, "agent", "--gateway", f"http://127.0.0.1:{admin}", "--token-file",
                 token_file, "--url", w, "--replica-id", f"w{i}"]))
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            reps = json.loads(get(f"http://127.0.0.1:{admin}/admin/replicas"))["replicas"]
-            if all(r.get("freshness") == "fresh" for r in reps):
-                break
-            time.sleep(0.2)
+        wait_fresh(f"http://127.0.0.1:{admin}")
     return f"http://127.0.0.1:{port}", started
+
+
+def wait_fresh(admin, timeout=30):
+    """Until every replica of the gateway at `admin` has a fresh agent report."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        reps = json.loads(get(f"{admin}/admin/replicas"))["replicas"]
+        if all(r.get("freshness") == "fresh" for r in reps):
+            return
+        time.sleep(0.2)
 
 
 def at_load(args, load):
