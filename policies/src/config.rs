@@ -12,8 +12,9 @@ pub struct PolicyConfig {
     pub weights: Weights,
     /// Bounded-load factor `c` (Mirrokni et al.): prefix and session stickiness and the ring
     /// yield once a replica has `ceil(c * (in_flight + 1) / healthy)` requests (the prefill
-    /// signal, which weighs load in tokens, yields only at `imbalance_factor`). Must be at
-    /// least 1.0.
+    /// signal, which weighs load in tokens, yields only at `imbalance_factor`). 0 turns the
+    /// caps off (the default: the prefill signal weighs a holder's backlog against the tokens
+    /// a spill recomputes); else at least 1.0.
     pub load_factor: f64,
     /// Loosens the bound where staying saves prefill: a replica holding a fraction `f` more of
     /// the prompt than the fleet's least-holding replica may carry
@@ -57,7 +58,8 @@ pub struct PolicyConfig {
     /// The prefill signal counts each prompt token a replica would compute although another
     /// candidate holds it this many times more: recomputing a held prefix delays everything
     /// queued behind it there, and spreads copies that evict other prefixes. 0: every token
-    /// counts once.
+    /// counts once. Lifted for a hot group (`hot_group_factor`) and for a session's request
+    /// (its own history serves only its next turn).
     pub recompute_penalty: f64,
     /// Bounded-traffic placement: the ring owner (where a cold prefix goes, and a spilled one)
     /// is the first replica clockwise, below its load cap, whose recent traffic is at most
@@ -67,15 +69,20 @@ pub struct PolicyConfig {
     pub traffic_bound: f64,
     /// How long a request counts fully in a replica's recent traffic (see `traffic_bound`).
     pub traffic_half_life_ms: u64,
+    /// A prefix group (the prompts sharing their first `ring_key_chunks` blocks) is hot when
+    /// its recent traffic is more than this many times the fair share of the replicas holding
+    /// it: other replicas then recompute it without `recompute_penalty`, a one-time cost for
+    /// a lasting spread.
+    pub hot_group_factor: f64,
 }
 
 impl Default for PolicyConfig {
     fn default() -> Self {
         PolicyConfig {
             weights: Weights::default(),
-            load_factor: 1.25,
-            cached_load_bonus: 0.5,
-            imbalance_factor: 3.0,
+            load_factor: 0.0,
+            cached_load_bonus: 0.0,
+            imbalance_factor: 0.0,
             min_load_cap: 8,
             ring_vnodes: 40,
             ring_key_chunks: 4,
@@ -84,11 +91,12 @@ impl Default for PolicyConfig {
             assumed_ttl_ms: 3_000,
             session_ttl_ms: 600_000,
             session_capacity: 100_000,
-            kv_saturation: 0.9,
-            queue_saturation: 16,
-            recompute_penalty: 0.0,
-            traffic_bound: 1.0,
+            kv_saturation: 1.0,
+            queue_saturation: 256,
+            recompute_penalty: 2.0,
+            traffic_bound: 0.0,
             traffic_half_life_ms: 10_000,
+            hot_group_factor: 1.0,
         }
     }
 }
@@ -103,8 +111,8 @@ impl Default for Weights {
     fn default() -> Self {
         let mut w = BySignal::default();
         for (s, v) in [
-            (Signal::Prefix, 3.0),
-            (Signal::Ring, 1.0),
+            (Signal::Prefix, 1.0),
+            (Signal::Ring, 0.0),
             (Signal::Load, 1.0),
             (Signal::Prefill, 6.0),
             (Signal::Fresh, 1.0),
@@ -154,9 +162,12 @@ impl PolicyConfig {
             }
         };
         check(
-            self.load_factor.is_finite() && self.load_factor >= 1.0,
+            self.load_factor == 0.0 || (self.load_factor.is_finite() && self.load_factor >= 1.0),
             "load_factor",
-            format!("must be a number >= 1.0, got {}", self.load_factor),
+            format!(
+                "must be 0 (off) or a number >= 1.0, got {}",
+                self.load_factor
+            ),
         );
         check(
             (0.0..=16.0).contains(&self.cached_load_bonus),
@@ -229,6 +240,14 @@ impl PolicyConfig {
             format!(
                 "must be between 1 and 3600000, got {}",
                 self.traffic_half_life_ms
+            ),
+        );
+        check(
+            (0.0..=1000.0).contains(&self.hot_group_factor),
+            "hot_group_factor",
+            format!(
+                "must be a number between 0 and 1000, got {}",
+                self.hot_group_factor
             ),
         );
         check(

@@ -97,9 +97,13 @@ impl<'a> LoadCaps<'a> {
         self.imbalance
     }
 
+    /// `u32::MAX` while the caps are off (`load_factor` 0), else
     /// `ceil(factor * total / healthy)`, at least this gateway's share of `min_load_cap` and
     /// 1 (never over the guard, which is at least a whole-prompt holder's cap).
     fn with_factor(&self, factor: f64) -> u32 {
+        if self.config.load_factor == 0.0 {
+            return u32::MAX;
+        }
         let cap = ((factor * self.total) / self.healthy).ceil() as u32;
         cap.max(self.min_cap).max(1)
     }

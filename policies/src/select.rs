@@ -4,13 +4,16 @@ use crate::load_cap::{FleetLoad, LoadCaps};
 use crate::prefill::PromptWork;
 use crate::sessions::SessionTable;
 use crate::signal::BySignal;
-use crate::traffic::RecentTraffic;
+use crate::traffic::{GroupTraffic, RecentTraffic};
 use crate::{
     Applied, ApproxPrefixIndex, FleetView, HashRing, PolicyConfig, PreciseIndex, ReplicaId,
     RequestFeatures, Signal,
 };
 use kvgate_protocol::telemetry::KvUpdate;
 use serde::Serialize;
+
+/// Prefix groups whose recent traffic is counted (the least recently routed are forgotten).
+const GROUPS_COUNTED: usize = 65_536;
 
 /// One ranked replica and why it got its score.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -93,6 +96,7 @@ pub struct Policy {
     precise: PreciseIndex,
     sessions: SessionTable,
     traffic: RecentTraffic,
+    groups: GroupTraffic,
     members: Vec<(ReplicaId, String)>,
     /// Gateways routing to this fleet, this one included (see [`Policy::set_gateways`]).
     gateways: u32,
@@ -108,6 +112,7 @@ impl Policy {
             precise: PreciseIndex::default(),
             sessions: SessionTable::default(),
             traffic: RecentTraffic::default(),
+            groups: GroupTraffic::new(GROUPS_COUNTED),
             members: Vec::new(),
             gateways: 1,
         }
@@ -183,6 +188,9 @@ impl Policy {
         let half_life = self.config.traffic_half_life_ms;
         self.traffic
             .add(replica.0 as usize, features.now_ms, half_life);
+        if let Some((group, _)) = self.group(features) {
+            self.groups.add(group, features.now_ms, half_life);
+        }
         if features.block_hashes.is_empty() {
             self.prefix.insert(replica, &features.prefix_chunks);
         } else {
@@ -251,6 +259,47 @@ impl Policy {
         }
     }
 
+    /// The prompt's prefix group: the hash of its first `ring_key_chunks` blocks (or chunks),
+    /// and how many that is; `None` for a prompt shorter than one.
+    fn group(&self, features: &RequestFeatures) -> Option<(u64, usize)> {
+        let leading = if features.block_hashes.is_empty() {
+            &features.prefix_chunks
+        } else {
+            &features.block_hashes
+        };
+        let n = leading.len().min(self.config.ring_key_chunks.max(1));
+        leading.get(n.wrapping_sub(1)).map(|&g| (g, n))
+    }
+
+    /// When the prompt's group brings more recent traffic than the replicas holding it can
+    /// take at `hot_group_factor` times their fair share, the blocks every holder has of it:
+    /// recomputing those elsewhere is a one-time cost for a lasting spread, so the prefill
+    /// signal counts them as held everywhere and the recompute penalty is lifted.
+    fn hot_group(
+        &self,
+        features: &RequestFeatures,
+        matched: &[f64],
+        fleet: FleetView<'_>,
+    ) -> Option<f64> {
+        let (group, n) = self.group(features)?;
+        let c = &self.config;
+        let half_life = c.traffic_half_life_ms;
+        let healthy = fleet.replicas.iter().filter(|r| r.healthy);
+        let held: Vec<f64> = healthy
+            .clone()
+            .map(|r| matched[r.id.0 as usize])
+            .filter(|&m| m >= n as f64)
+            .collect();
+        let fair =
+            (self.traffic.total(features.now_ms, half_life) + 1.0) / healthy.count().max(1) as f64;
+        // More than the holders' share by more than a Poisson count's noise (three standard
+        // deviations): a few early requests of one group are not a trend.
+        let share = c.hot_group_factor * held.len() as f64 * fair;
+        let hot =
+            self.groups.of(group, features.now_ms, half_life) > share + 3.0 * share.sqrt() + 1.0;
+        (hot && !held.is_empty()).then(|| held.iter().copied().fold(f64::INFINITY, f64::min))
+    }
+
     /// Whether a replica carries at most `traffic_bound` times its share of the fleet's
     /// recent traffic (every one does while the bound is off).
     fn within_traffic(&self, now_ms: u64, healthy: u32) -> impl Fn(ReplicaId) -> bool + '_ {
@@ -304,14 +353,22 @@ impl Policy {
             .filter(|(r, l)| r.healthy && !l.full)
             .map(|(r, _)| matched[r.id.0 as usize])
             .fold(0.0, f64::max);
+        let hot = self.hot_group(features, &matched, fleet);
+        // A session's own history serves only its next turn: moving it costs that turn alone.
+        let penalty = if hot.is_some() || features.session.is_some() {
+            0.0
+        } else {
+            c.recompute_penalty
+        };
+        let shared = hot.unwrap_or(0.0);
         let prompt = PromptWork::new(features.prompt_tokens, blocks)
-            .with_recompute_penalty(most_held, c.recompute_penalty);
+            .with_recompute_penalty(most_held, penalty);
         let least_work = fleet
             .replicas
             .iter()
             .zip(&limits)
             .filter(|(r, l)| r.healthy && !l.full)
-            .map(|(r, _)| prompt.ahead_on(r, matched[r.id.0 as usize]))
+            .map(|(r, _)| prompt.ahead_on(r, matched[r.id.0 as usize].max(shared)))
             .min()
             .unwrap_or_default();
 
@@ -375,7 +432,7 @@ impl Policy {
                 signals[Signal::Prefill] = if full {
                     0.0
                 } else {
-                    prompt.relative(least_work, prompt.ahead_on(r, held))
+                    prompt.relative(least_work, prompt.ahead_on(r, held.max(shared)))
                 };
                 signals[Signal::Fresh] = if r.stale { 0.0 } else { 1.0 };
                 // Stickiness yields only to saturation.

@@ -3,6 +3,9 @@
 //! requests in flight at one instant say little about the prefixes it serves: an idle moment
 //! between two bursts of a popular group looks like room.
 
+use crate::lru::LruSet;
+use kvgate_protocol::HashKeyMap;
+
 /// A decayed count per replica slot, and their sum (every count decays alike, so the sum is
 /// one decayed count too: no pass over the slots to total them).
 #[derive(Debug, Clone, Default)]
@@ -10,6 +13,14 @@ pub(crate) struct RecentTraffic {
     /// By slot: the count as of `at_ms`.
     slots: Vec<Decayed>,
     total: Decayed,
+}
+
+/// A decayed count per prefix group (a prompt's leading blocks or chunks), for the groups seen
+/// most recently: whether a group brings more traffic than the replicas holding it can take.
+#[derive(Debug, Clone)]
+pub(crate) struct GroupTraffic {
+    recent: LruSet,
+    counts: HashKeyMap<Decayed>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -62,6 +73,34 @@ impl RecentTraffic {
             let at = self.total.at_ms.max(gone.at_ms);
             self.total.add(-gone.at(at, half_life_ms), at, half_life_ms);
         }
+    }
+}
+
+impl GroupTraffic {
+    /// Counts at most `capacity` groups, forgetting the least recently routed.
+    pub fn new(capacity: usize) -> Self {
+        GroupTraffic {
+            recent: LruSet::new(capacity),
+            counts: HashKeyMap::default(),
+        }
+    }
+
+    /// Counts one request of `group` at `now_ms`.
+    pub fn add(&mut self, group: u64, now_ms: u64, half_life_ms: u64) {
+        if let Some(gone) = self.recent.insert(group) {
+            self.counts.remove(&gone);
+        }
+        self.counts
+            .entry(group)
+            .or_default()
+            .add(1.0, now_ms, half_life_ms);
+    }
+
+    /// The decayed count of `group` at `now_ms` (0 for one not counted).
+    pub fn of(&self, group: u64, now_ms: u64, half_life_ms: u64) -> f64 {
+        self.counts
+            .get(&group)
+            .map_or(0.0, |d| d.at(now_ms, half_life_ms))
     }
 }
 

@@ -5,8 +5,31 @@ use super::*;
 use crate::ReplicaView;
 use proptest::prelude::*;
 
+mod hot_group;
+
+/// The bounded-load policy these tests exercise: caps over the mean load with a bonus for
+/// holders, the imbalance guard, bounded traffic, the ring's vote and the hard limits (the
+/// default before the hot-group rule; the default keeps every mechanism but turns these off).
+fn bounded_load() -> PolicyConfig {
+    let mut weights = crate::Weights::default();
+    weights.0[Signal::Prefix] = 3.0;
+    weights.0[Signal::Ring] = 1.0;
+    PolicyConfig {
+        weights,
+        load_factor: 1.25,
+        cached_load_bonus: 0.5,
+        imbalance_factor: 3.0,
+        min_load_cap: 8,
+        traffic_bound: 1.0,
+        kv_saturation: 0.9,
+        queue_saturation: 16,
+        recompute_penalty: 0.0,
+        ..Default::default()
+    }
+}
+
 fn policy(n: u32) -> Policy {
-    policy_with(n, PolicyConfig::default())
+    policy_with(n, bounded_load())
 }
 
 /// The caps without their floor (`min_load_cap: 1`): the bounded-load arithmetic at the small
@@ -14,7 +37,7 @@ fn policy(n: u32) -> Policy {
 fn unfloored() -> PolicyConfig {
     PolicyConfig {
         min_load_cap: 1,
-        ..Default::default()
+        ..bounded_load()
     }
 }
 
@@ -124,7 +147,7 @@ fn cold_prefix_goes_to_the_ring_owner_and_warm_prefix_sticks() {
 fn bounded_traffic_moves_the_cold_owner_but_not_a_holder() {
     let config = PolicyConfig {
         traffic_bound: 1.0,
-        ..Default::default()
+        ..bounded_load()
     };
     let mut p = policy_with(4, config);
     let fleet = view(&[0, 0, 0, 0]);
@@ -180,7 +203,7 @@ fn below_the_min_load_cap_a_holder_keeps_its_prefix() {
     let config = PolicyConfig {
         min_load_cap: 8,
         cached_load_bonus: 0.0,
-        ..Default::default()
+        ..bounded_load()
     };
     let mut p = policy_with(3, config);
     let f = features(7, &[1, 2]);
@@ -363,7 +386,7 @@ fn the_recompute_penalty_keeps_a_holder_past_a_backlog_longer_than_the_prompt() 
         PolicyConfig {
             weights,
             recompute_penalty: penalty,
-            ..Default::default()
+            ..bounded_load()
         }
     };
     let f = RequestFeatures {
@@ -431,7 +454,7 @@ proptest! {
             min_load_cap: min_cap,
             recompute_penalty: penalty,
             traffic_bound: traffic,
-            ..Default::default()
+            ..bounded_load()
         };
         config.weights.0[Signal::Prefill] = prefill;
         let mut p = policy_with(n, config);
@@ -476,7 +499,7 @@ proptest! {
         n in 1u32..17,
         bound in prop::sample::select(vec![1.0, 1.25, 2.0]),
     ) {
-        let config = PolicyConfig { traffic_bound: bound, ..Default::default() };
+        let config = PolicyConfig { traffic_bound: bound, ..bounded_load() };
         let (mut p, mut peer) = (policy_with(n, config.clone()), policy_with(n, config));
         let fleet = view(&vec![0; n as usize]);
         let mut placed = vec![0u32; n as usize];

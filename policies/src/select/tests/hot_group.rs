@@ -1,0 +1,89 @@
+//! The default policy's recompute rule: a prefix another replica holds costs its recompute
+//! `1 + recompute_penalty` times, unless its group is hot or the request is a session's.
+
+use super::*;
+
+/// The default with only the prefill signal weighed: the rule alone decides.
+fn prefill_only() -> PolicyConfig {
+    let mut weights = crate::Weights(BySignal::default());
+    weights.0[Signal::Prefill] = 1.0;
+    PolicyConfig {
+        weights,
+        ..Default::default()
+    }
+}
+
+fn prompt(tokens: u64) -> RequestFeatures {
+    RequestFeatures {
+        prompt_tokens: tokens,
+        ..features(7, &[1, 2, 3, 4, 5, 6, 7, 8])
+    }
+}
+
+/// Replica 0 holds the prompt, with `backlog` tokens ahead; the others are idle.
+fn held_by_first(backlog: u64, n: usize) -> Vec<ReplicaView> {
+    let mut fleet = view(&vec![1; n]);
+    fleet[0].prefill_backlog = backlog;
+    fleet
+}
+
+#[test]
+fn a_hot_group_spreads_past_its_holders_and_a_cold_one_stays() {
+    let f = prompt(1_000);
+    // Three of four replicas hold the group; 3 of its requests, or 200 (all the traffic).
+    for (requests, spreads) in [(3, false), (200, true)] {
+        let mut p = policy_with(4, PolicyConfig::default());
+        for i in 0..requests {
+            p.record(ReplicaId(i % 3), &f);
+        }
+        let mut fleet = view(&[1, 1, 1, 1]);
+        for r in &mut fleet[..3] {
+            r.prefill_backlog = 300;
+        }
+        let d = p.select(&f, FleetView { replicas: &fleet });
+        assert_eq!(d.ranked[0].replica == ReplicaId(3), spreads, "{requests}");
+        // The explain still says what the spill computes.
+        let idle = d.ranked.iter().find(|c| c.replica == ReplicaId(3)).unwrap();
+        assert_eq!(idle.prefill_tokens, 1_000);
+    }
+}
+
+#[test]
+fn a_sessions_history_moves_without_the_recompute_penalty() {
+    let f = prompt(1_000);
+    for (session, stays) in [(None, true), (Some(42), false)] {
+        let mut p = policy_with(2, prefill_only());
+        p.record(ReplicaId(0), &f);
+        // 1,500 tokens ahead at the holder; 1,000 elsewhere, three times that with the penalty.
+        let d = p.select(
+            &RequestFeatures {
+                session,
+                ..f.clone()
+            },
+            FleetView {
+                replicas: &held_by_first(1_500, 2),
+            },
+        );
+        assert_eq!(d.ranked[0].replica == ReplicaId(0), stays, "{session:?}");
+    }
+}
+
+proptest! {
+    /// A group that is not hot stays with its holder while the backlog there is shorter than
+    /// the prompt's recompute counted `1 + recompute_penalty` times, and spills past that.
+    #[test]
+    fn a_holder_keeps_its_group_up_to_the_penalised_recompute(
+        tokens in 64u64..20_000,
+        share in 0.0f64..2.0,
+        n in 2usize..9,
+    ) {
+        let mut p = policy_with(n as u32, prefill_only());
+        let f = prompt(tokens);
+        p.record(ReplicaId(0), &f);
+        let recompute = tokens as f64 * (1.0 + p.config().recompute_penalty);
+        let backlog = (share * recompute) as u64;
+        prop_assume!((backlog as f64 - recompute).abs() > 1.0);
+        let d = p.select(&f, FleetView { replicas: &held_by_first(backlog, n) });
+        prop_assert_eq!(d.ranked[0].replica == ReplicaId(0), (backlog as f64) < recompute);
+    }
+}
