@@ -284,20 +284,28 @@ impl Policy {
         let (group, n) = self.group(features)?;
         let c = &self.config;
         let half_life = c.traffic_half_life_ms;
-        let healthy = fleet.replicas.iter().filter(|r| r.healthy);
-        let held: Vec<f64> = healthy
-            .clone()
+        // The healthy replicas, those holding the group's key, and the least any of those holds.
+        let (healthy, holders, least) = fleet
+            .replicas
+            .iter()
+            .filter(|r| r.healthy)
             .map(|r| matched[r.id.0 as usize])
-            .filter(|&m| m >= n as f64)
-            .collect();
-        let fair =
-            (self.traffic.total(features.now_ms, half_life) + 1.0) / healthy.count().max(1) as f64;
+            .fold((0u32, 0u32, f64::INFINITY), |(h, n_held, least), m| {
+                if m >= n as f64 {
+                    (h + 1, n_held + 1, least.min(m))
+                } else {
+                    (h + 1, n_held, least)
+                }
+            });
+        if holders == 0 {
+            return None;
+        }
+        let fair = (self.traffic.total(features.now_ms, half_life) + 1.0) / f64::from(healthy);
         // More than the holders' share by more than a Poisson count's noise (three standard
         // deviations): a few early requests of one group are not a trend.
-        let share = c.hot_group_factor * held.len() as f64 * fair;
-        let hot =
-            self.groups.of(group, features.now_ms, half_life) > share + 3.0 * share.sqrt() + 1.0;
-        (hot && !held.is_empty()).then(|| held.iter().copied().fold(f64::INFINITY, f64::min))
+        let share = c.hot_group_factor * f64::from(holders) * fair;
+        let count = self.groups.of(group, features.now_ms, half_life);
+        (count > share + 3.0 * share.sqrt() + 1.0).then_some(least)
     }
 
     /// Whether a replica carries at most `traffic_bound` times its share of the fleet's

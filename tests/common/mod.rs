@@ -9,6 +9,20 @@ use std::time::{Duration, Instant};
 
 pub const MODEL: &str = "test-model";
 
+/// A gateway config's `policy:` with bounded-load caps on (the default has them off): for the
+/// tests of the caps, the imbalance guard and bounded traffic.
+pub const BOUNDED_LOAD: &str = "policy:
+  weights: {prefix: 3.0, ring: 1.0}
+  load_factor: 1.25
+  cached_load_bonus: 0.5
+  imbalance_factor: 3.0
+  min_load_cap: 8
+  traffic_bound: 1.0
+  kv_saturation: 0.9
+  queue_saturation: 16
+  recompute_penalty: 0
+";
+
 /// A child process killed when dropped.
 pub struct Proc {
     pub child: Child,

@@ -86,4 +86,32 @@ proptest! {
         let d = p.select(&f, FleetView { replicas: &held_by_first(backlog, n) });
         prop_assert_eq!(d.ranked[0].replica == ReplicaId(0), (backlog as f64) < recompute);
     }
+
+    /// Two gateways told the same decisions (their own, or a peer's) rank alike: the group
+    /// counts are a function of those decisions and the clock alone.
+    #[test]
+    fn gateways_told_the_same_decisions_rank_alike(
+        sent in prop::collection::vec((0u32..4, 0u64..3), 1..200),
+        backlogs in prop::collection::vec(0u64..5_000, 4),
+    ) {
+        let (mut a, mut b) = (policy_with(4, PolicyConfig::default()), policy_with(4, PolicyConfig::default()));
+        let group = |g: u64| RequestFeatures {
+            prompt_tokens: 1_000,
+            ..features(g, &[g + 1, g + 2, g + 3, g + 4, g + 5])
+        };
+        for (i, &(replica, g)) in sent.iter().enumerate() {
+            let f = RequestFeatures { now_ms: i as u64 * 10, ..group(g) };
+            a.record(ReplicaId(replica), &f);
+            b.record(ReplicaId(replica), &f);
+        }
+        let mut fleet = view(&[1, 1, 1, 1]);
+        for (r, &backlog) in fleet.iter_mut().zip(&backlogs) {
+            r.prefill_backlog = backlog;
+        }
+        for g in 0..3 {
+            let f = RequestFeatures { now_ms: sent.len() as u64 * 10, ..group(g) };
+            let view = FleetView { replicas: &fleet };
+            prop_assert_eq!(a.select(&f, view), b.select(&f, view));
+        }
+    }
 }
