@@ -365,9 +365,10 @@ async fn reports_need_the_token_and_a_known_replica() {
 async fn kv_or_queue_pressure_spills_a_prefix_and_recovery_brings_it_back() {
     let (a, b) = (Worker::start(&[]).await, Worker::start(&[]).await);
     let token = token_file(a.port);
-    // Long thresholds: these hand-made reports must stay fresh for the whole test.
+    // Long thresholds: these hand-made reports must stay fresh for the whole test. The hard
+    // limits at 90 % of KV and 16 queued (the defaults, 100 % and 256, are past these reports).
     let yaml = format!(
-        "agents:\n  token_file: \"{}\"\n  stale_after_ms: 60000\n  exclude_after_ms: 120000\n",
+        "agents:\n  token_file: \"{}\"\n  stale_after_ms: 60000\n  exclude_after_ms: 120000\npolicy:\n  kv_saturation: 0.9\n  queue_saturation: 16\n",
         token.display()
     );
     let gw = Gateway::start(&[&a, &b], &yaml).await;

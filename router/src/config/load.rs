@@ -456,7 +456,8 @@ mod tests {
         assert_eq!(c.replicas.len(), 2);
         assert_eq!(c.retries.attempts, 3);
         assert_eq!(c.limits.max_body_bytes, 32 << 20);
-        assert_eq!(c.policy.load_factor, 1.25);
+        assert_eq!(c.policy.load_factor, 0.0);
+        assert_eq!(c.policy.recompute_penalty, 2.0);
     }
 
     #[test]
