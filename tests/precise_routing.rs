@@ -127,6 +127,10 @@ async fn groups_stay_where_their_blocks_are() {
 
     // A new question of group 0: its home holds the system prompt's blocks, by events alone.
     let e = explain(&gw, &ask(0, 99, 4)).await;
+    assert!(
+        e["hot_group"].is_boolean(),
+        "explain says whether the group is hot: {e:#}"
+    );
     for c in e["candidates"].as_array().unwrap() {
         let prefix = c["score"]["signals"]["prefix"].as_f64().unwrap();
         if c["replica"] == home[0].as_str() {

@@ -85,6 +85,9 @@ pub struct Decision {
     /// The bounded-load cap for cold placement in this decision (a replica holding more of the
     /// prompt may have a higher one: [`Candidate::load_cap`]).
     pub load_bound: u32,
+    /// The prompt's group was hot (`hot_group_factor`): what every holder has of it counted
+    /// as held everywhere, and no recompute penalty.
+    pub hot_group: bool,
 }
 
 /// The routing policy and the state it learns (prefix indexes, sessions, ring).
@@ -478,7 +481,11 @@ impl Policy {
             ranked.truncate(top);
         }
         ranked.sort_unstable_by(order);
-        Decision { ranked, load_bound }
+        Decision {
+            ranked,
+            load_bound,
+            hot_group: hot.is_some(),
+        }
     }
 }
 

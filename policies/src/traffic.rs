@@ -135,4 +135,20 @@ mod tests {
         assert_eq!(t.of(0, 2_000, 1_000), 2.0);
         assert_eq!(t.of(0, 1_000, 1_000), 2.0);
     }
+
+    #[test]
+    fn group_counts_decay_and_the_least_recently_routed_is_forgotten() {
+        let mut g = GroupTraffic::new(2);
+        g.add(1, 0, 1_000);
+        g.add(1, 0, 1_000);
+        g.add(2, 0, 1_000);
+        assert_eq!(g.of(1, 0, 1_000), 2.0);
+        assert!((g.of(1, 1_000, 1_000) - 1.0).abs() < 1e-12);
+        // A third group evicts group 1, routed least recently.
+        g.add(2, 10, 1_000);
+        g.add(3, 20, 1_000);
+        assert_eq!(g.of(1, 20, 1_000), 0.0);
+        assert!(g.of(2, 20, 1_000) > 1.9);
+        assert_eq!(g.of(3, 20, 1_000), 1.0);
+    }
 }

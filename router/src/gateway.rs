@@ -391,7 +391,9 @@ impl Gateway {
 
     /// The ranked replicas of a decision, by slot.
     fn route_of(&self, snap: &Snapshot, decision: Decision, first: InFlight) -> Route {
-        let Decision { ranked, load_bound } = decision;
+        let Decision {
+            ranked, load_bound, ..
+        } = decision;
         let ranked = ranked
             .into_iter()
             .filter_map(|c| {
@@ -487,7 +489,7 @@ impl Gateway {
             .map(|c| serde_json::json!({ "replica": name(c.replica), "score": c }))
             .collect();
         Ok(
-            serde_json::json!({ "model": model, "load_bound": decision.load_bound, "candidates": candidates }),
+            serde_json::json!({ "model": model, "load_bound": decision.load_bound, "hot_group": decision.hot_group, "candidates": candidates }),
         )
     }
 

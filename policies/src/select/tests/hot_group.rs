@@ -42,6 +42,7 @@ fn a_hot_group_spreads_past_its_holders_and_a_cold_one_stays() {
         }
         let d = p.select(&f, FleetView { replicas: &fleet });
         assert_eq!(d.ranked[0].replica == ReplicaId(3), spreads, "{requests}");
+        assert_eq!(d.hot_group, spreads, "{requests}");
         // The explain still says what the spill computes.
         let idle = d.ranked.iter().find(|c| c.replica == ReplicaId(3)).unwrap();
         assert_eq!(idle.prefill_tokens, 1_000);
