@@ -82,7 +82,7 @@ async fn a_shared_prefix_sticks_to_one_replica_until_it_is_saturated() {
         Worker::start(&[]).await,
     );
     let workers = [&a, &b, &c];
-    let gw = Gateway::start(&[&a, &b, &c], BOUNDED_LOAD).await;
+    let gw = Gateway::start(&[&a, &b, &c], &format!("policy:\n{BOUNDED_LOAD}")).await;
     let client = client();
 
     // One at a time: the owner is never over the load bound, so every request sticks.
@@ -174,7 +174,7 @@ async fn distinct_cold_prefixes_spread_within_the_load_factor() {
         Worker::start(&slow).await,
         Worker::start(&slow).await,
     );
-    let gw = Gateway::start(&[&a, &b, &c], BOUNDED_LOAD).await;
+    let gw = Gateway::start(&[&a, &b, &c], &format!("policy:\n{BOUNDED_LOAD}")).await;
     let client = client();
     let mut tasks = tokio::task::JoinSet::new();
     let n = 30;

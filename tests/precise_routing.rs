@@ -95,7 +95,7 @@ async fn groups_stay_where_their_blocks_are() {
     // bounded-load caps on (the default has them off) without a floor, so that three long
     // requests reach the imbalance guard.
     let yaml = format!(
-        "agents:\n  token_file: \"{}\"\ntokenizers:\n  - model: {MODEL}\n    path: \"{}\"\n    block_size: 16\npolicy:\n  assumed_ttl_ms: 300\n  queue_saturation: 2\n  min_load_cap: 1\n  weights: {{prefix: 3.0, ring: 1.0}}\n  load_factor: 1.25\n  cached_load_bonus: 0.5\n  imbalance_factor: 3.0\n  traffic_bound: 1.0\n  recompute_penalty: 0\n",
+        "agents:\n  token_file: \"{}\"\ntokenizers:\n  - model: {MODEL}\n    path: \"{}\"\n    block_size: 16\npolicy:\n{BOUNDED_LOAD}  assumed_ttl_ms: 300\n  queue_saturation: 2\n  min_load_cap: 1\n",
         token.display(),
         model.display()
     );

@@ -271,7 +271,8 @@ impl Policy {
             &features.block_hashes
         };
         let n = leading.len().min(self.config.ring_key_chunks.max(1));
-        leading.get(n.wrapping_sub(1)).map(|&g| (g, n))
+        let key = *leading.get(n.checked_sub(1)?)?;
+        Some((key, n))
     }
 
     /// When the prompt's group brings more recent traffic than the replicas holding it can

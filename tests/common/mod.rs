@@ -9,17 +9,14 @@ use std::time::{Duration, Instant};
 
 pub const MODEL: &str = "test-model";
 
-/// A gateway config's `policy:` with bounded-load caps on (the default has them off): for the
-/// tests of the caps, the imbalance guard and bounded traffic.
-pub const BOUNDED_LOAD: &str = "policy:
-  weights: {prefix: 3.0, ring: 1.0}
+/// The fields of a `policy:` section that turn the bounded-load caps on (the default has them
+/// off), for the tests of the caps, the imbalance guard and bounded traffic; a test adds the
+/// rest of its section after them.
+pub const BOUNDED_LOAD: &str = "  weights: {prefix: 3.0, ring: 1.0}
   load_factor: 1.25
   cached_load_bonus: 0.5
   imbalance_factor: 3.0
-  min_load_cap: 8
   traffic_bound: 1.0
-  kv_saturation: 0.9
-  queue_saturation: 16
   recompute_penalty: 0
 ";
 
