@@ -18,7 +18,8 @@ pub struct ReplicaView {
     /// Requests the replica's agent last reported queued (0 without an agent).
     pub waiting: u32,
     /// Prompt tokens the gateway sent it that have not yet produced a first token, less what
-    /// each decision found it holding: the prefill queued ahead of a new request.
+    /// each decision found it holding, and what peer gateways said they have queued there:
+    /// the prefill ahead of a new request.
     pub prefill_backlog: u64,
     /// Its agent's last report is older than the stale threshold: scored down.
     pub stale: bool,

@@ -4,6 +4,7 @@
 //! decisions with their breakdown; the gateway is the I/O shell around it, and the simulator
 //! drives the same type in virtual time.
 
+use crate::peer_backlog::PeerBacklogs;
 use crate::replica_state::{AdapterStatus, ModelMatch, Slots};
 use crate::{
     AgentState, Applied, Candidate, Decision, FleetView, Freshness, Policy, PolicyConfig,
@@ -79,6 +80,7 @@ pub struct FleetState {
     ages: Option<ReportAges>,
     replicas: Slots,
     requests: HashMap<RequestId, Sent>,
+    peer_backlogs: PeerBacklogs,
 }
 
 impl FleetState {
@@ -88,6 +90,7 @@ impl FleetState {
             ages,
             replicas: Slots::default(),
             requests: HashMap::new(),
+            peer_backlogs: PeerBacklogs::default(),
         }
     }
 
@@ -128,6 +131,7 @@ impl FleetState {
             next.put(id, state);
         }
         self.replicas = next;
+        self.peer_backlogs.clear();
         let members: Vec<(ReplicaId, &str)> = self
             .replicas
             .iter()
@@ -319,6 +323,7 @@ impl FleetState {
     /// nothing: [`FleetState::send`] records where a request went.
     pub fn rank(&self, ask: &Ask<'_>, now_ms: u64, top: usize) -> Result<Decision, NoRoute> {
         let serving = self.candidates(ask)?;
+        let peers = self.peer_backlogs.totals(now_ms, self.replicas.len());
         let views: Vec<ReplicaView> = serving
             .map(|(id, r, adapter_fit)| ReplicaView {
                 id,
@@ -326,7 +331,9 @@ impl FleetState {
                 in_flight: r.in_flight,
                 max_in_flight: r.spec.max_in_flight,
                 waiting: r.reported_waiting(),
-                prefill_backlog: r.prefill_backlog,
+                prefill_backlog: r
+                    .prefill_backlog
+                    .saturating_add(peers.get(id.0 as usize).copied().unwrap_or(0)),
                 stale: r.freshness(self.ages, now_ms) == Freshness::Stale,
                 kv_usage: r.reported_kv_usage(),
                 adapter_fit,
@@ -385,6 +392,23 @@ impl FleetState {
         if self.replicas.get(replica).is_some() {
             self.policy.record(replica, features);
         }
+    }
+
+    /// The prefill this gateway has queued on each replica (those with none left out), for
+    /// its peers: see [`FleetState::peer_backlog`].
+    pub fn backlogs(&self) -> Vec<(ReplicaId, u64)> {
+        self.replicas
+            .iter()
+            .filter(|(_, r)| r.prefill_backlog > 0)
+            .map(|(id, r)| (id, r.prefill_backlog))
+            .collect()
+    }
+
+    /// Peer gateway `peer` (any stable id) has `backlog` queued per replica, as its
+    /// [`FleetState::backlogs`] said, until `expires_ms` unless it says otherwise before:
+    /// counted in the prefill ahead on each replica beside this gateway's own.
+    pub fn peer_backlog(&mut self, peer: u64, backlog: Vec<(ReplicaId, u64)>, expires_ms: u64) {
+        self.peer_backlogs.set(peer, backlog, expires_ms);
     }
 
     /// The request's first token arrived: its prompt is no longer queued prefill.

@@ -8,6 +8,7 @@ mod fleet_state;
 mod holders;
 mod load_cap;
 mod lru;
+mod peer_backlog;
 mod precise_index;
 mod prefill;
 mod prefix_index;
@@ -23,6 +24,7 @@ pub use fleet::{FleetView, ReplicaId, ReplicaView, RequestFeatures};
 pub use fleet_state::{
     Ask, Ejection, FailureOutcome, FleetState, NoRoute, ReportOutcome, RequestId,
 };
+pub use peer_backlog::{LAPSE_MS as PEER_BACKLOG_LAPSE_MS, MAX_PEERS};
 pub use precise_index::{Applied, PreciseIndex};
 pub use prefix_index::ApproxPrefixIndex;
 pub use replica_state::{AgentState, Freshness, ReplicaSpec, ReplicaState, ReportAges};

@@ -213,6 +213,11 @@ impl Slots {
         self.0[i] = Some(state);
     }
 
+    /// Slots, the empty ones included.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
     pub(crate) fn iter(&self) -> impl Iterator<Item = (ReplicaId, &ReplicaState)> {
         self.0
             .iter()

@@ -40,6 +40,8 @@ pub struct Candidate {
     /// The prompt tokens it would prefill (those it is not known to hold): what routing the
     /// request here adds to its prefill backlog.
     pub prefill_tokens: u64,
+    /// The prefill queued ahead on it: this gateway's and what its peers said of theirs.
+    pub prefill_backlog: u64,
     pub in_flight: u32,
 }
 
@@ -54,13 +56,14 @@ impl Candidate {
         }
         let _ = write!(
             out,
-            ";ring_distance={};in_flight={};load_cap={};saturated={};prefix_blocks={};prefill_tokens={}",
+            ";ring_distance={};in_flight={};load_cap={};saturated={};prefix_blocks={};prefill_tokens={};prefill_backlog={}",
             self.ring_distance,
             self.in_flight,
             self.load_cap,
             self.saturated,
             self.prefix_blocks,
-            self.prefill_tokens
+            self.prefill_tokens,
+            self.prefill_backlog
         );
         out
     }
@@ -464,6 +467,7 @@ impl Policy {
                     load_cap,
                     prefix_blocks: held,
                     prefill_tokens: prompt.uncached(held),
+                    prefill_backlog: r.prefill_backlog,
                     in_flight: r.in_flight,
                 }
             })

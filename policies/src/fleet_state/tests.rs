@@ -358,3 +358,42 @@ fn membership_keeps_state_while_a_replica_stays_the_same() {
     f.finished(2);
     assert_eq!(f.replicas().count(), 0);
 }
+
+#[test]
+fn peers_backlogs_count_beside_this_gateways_own_until_they_lapse() {
+    let mut f = fleet(2);
+    let feats = features(1_000);
+    let first = f.rank(&ask("m", &feats), 0, 2).unwrap().ranked[0].replica;
+    let other = ReplicaId(1 - first.0);
+    f.peer_backlog(7, vec![(first, 20_000)], 100);
+    let d = f.rank(&ask("m", &feats), 50, 2).unwrap();
+    assert_eq!(d.ranked[0].replica, other, "{d:?}");
+    assert_eq!(d.ranked[1].prefill_backlog, 20_000);
+    // Two peers add up; a peer's next word replaces its last.
+    f.peer_backlog(8, vec![(other, 15_000)], 100);
+    f.peer_backlog(7, vec![(first, 10_000)], 100);
+    let d = f.rank(&ask("m", &feats), 50, 2).unwrap();
+    assert_eq!(d.ranked[0].replica, first, "{d:?}");
+    // This gateway's own backlog is what it tells its peers; theirs is not in it.
+    let sent = f.route(1, &ask("m", &feats), 50, 2).unwrap().ranked[0];
+    assert_eq!(f.backlogs(), [(sent.replica, 1_000)]);
+    // Lapsed: only this gateway's own request counts.
+    let d = f.rank(&ask("m", &feats), 100, 2).unwrap();
+    let backlog = |d: &Decision, r: ReplicaId| {
+        d.ranked
+            .iter()
+            .find(|c| c.replica == r)
+            .unwrap()
+            .prefill_backlog
+    };
+    let unsent = ReplicaId(1 - sent.replica.0);
+    assert_eq!((backlog(&d, sent.replica), backlog(&d, unsent)), (1_000, 0));
+    // New membership: what peers said of the old slots is void.
+    f.peer_backlog(7, vec![(other, 50_000)], 1_000);
+    f.set_replicas(vec![
+        (ReplicaId(0), spec("r0", &["m"])),
+        (ReplicaId(1), spec("r1", &["m"])),
+    ]);
+    let d = f.rank(&ask("m", &feats), 200, 2).unwrap();
+    assert_eq!((backlog(&d, sent.replica), backlog(&d, unsent)), (1_000, 0));
+}
