@@ -50,8 +50,8 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 0)]
     jitter_seed: u64,
     /// Gateways tell each other where they send each request (kvgate's policies: the prefix
-    /// and session the others then assume there), arriving after this many ms (at most an
-    /// hour); default: they do not.
+    /// and session the others then assume there) and the prefill they have queued on each
+    /// replica, arriving after this many ms (at most an hour); default: they do not.
     #[arg(long)]
     gateway_exchange_ms: Option<u64>,
     /// A turn's answer comes back in the next turn as other tokens than those generated (as

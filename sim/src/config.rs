@@ -42,8 +42,9 @@ pub struct SimConfig {
     pub answers_round_trip: bool,
     pub jitter_seed: u64,
     /// Gateways tell each other where they sent each request (kvgate's decisions: the prefix
-    /// and session each other gateway then assumes there) after this long; `None`: they do
-    /// not, each knowing only its own decisions and the agents' reports.
+    /// and session each other gateway then assumes there), and their prefill backlogs as
+    /// they change, after this long; `None`: they do not, each knowing only its own decisions
+    /// and the agents' reports.
     pub exchange_delay_ms: Option<u64>,
     /// How often each replica's load and KV use is sampled for the timeline (0: never).
     pub sample_interval_ms: u64,

@@ -8,7 +8,7 @@ use crate::routers::{Router, Routes, Turn};
 use crate::timeline::Timeline;
 use crate::tokens;
 use kvgate_bench::{Job, Load, RequestRecord};
-use kvgate_policies::{ReplicaId, ReplicaSpec, ReportAges, RequestFeatures};
+use kvgate_policies::{ReplicaId, ReplicaSpec, ReportAges, RequestFeatures, PEER_BACKLOG_LAPSE_MS};
 use kvgate_protocol::telemetry::{KvUpdate, TelemetryReport};
 use kvgate_worker::{NewRequest, SamplingParams};
 use std::cmp::Reverse;
@@ -60,6 +60,10 @@ enum Event {
     /// The oldest decision in flight between gateways reaches the others (all take the same
     /// delay).
     Exchange,
+    /// A gateway tells the others the prefill it has queued on each replica.
+    Backlog {
+        gateway: usize,
+    },
 }
 
 /// A job's progress: its turns so far, as token ids (each turn's prompt and answer).
@@ -96,6 +100,8 @@ struct Sim<'a> {
     /// Decisions one gateway sent the others, not yet delivered, oldest first: from, replica,
     /// the request's features.
     decisions_in_flight: VecDeque<(usize, usize, RequestFeatures)>,
+    /// When each gateway next tells the others its backlog, if it is due to.
+    backlog_due_us: Vec<Option<u64>>,
     next_request: u64,
     next_job: usize,
     jobs_done: usize,
@@ -204,6 +210,7 @@ impl<'a> Sim<'a> {
             sent: HashMap::new(),
             reports_in_flight: VecDeque::new(),
             decisions_in_flight: VecDeque::new(),
+            backlog_due_us: vec![None; config.gateways],
             next_request: 0,
             next_job: 0,
             jobs_done: 0,
@@ -246,6 +253,7 @@ impl<'a> Sim<'a> {
                 }
                 Event::Deliver => self.deliver(),
                 Event::Exchange => self.exchange(),
+                Event::Backlog { gateway } => self.share_backlog(gateway),
                 Event::Sample if running => {
                     self.sample();
                     self.push(at + self.config.sample_interval_ms * 1_000, Event::Sample);
@@ -335,6 +343,7 @@ impl<'a> Sim<'a> {
         };
         let replica = self.gateways[gateway].route(&incoming, &self.served, &first_tokens);
         self.routes.insert(turn, id, replica);
+        self.backlog_changed(gateway);
         if let (Some(delay_ms), Some((to, features))) = (
             self.config.exchange_delay_ms,
             self.gateways[gateway].outbox.take(),
@@ -387,6 +396,7 @@ impl<'a> Sim<'a> {
             // As a worker would answer: 400, and the job goes on.
             if let Some(sent) = self.sent.remove(&id) {
                 self.gateways[sent.gateway].finished(id, replica);
+                self.backlog_changed(sent.gateway);
                 self.refused(id, &sent, e);
             }
             return Ok(());
@@ -411,13 +421,18 @@ impl<'a> Sim<'a> {
             let Some(sent) = self.sent.get_mut(&token.id) else {
                 continue;
             };
-            let gateway = &mut self.gateways[sent.gateway];
-            if sent.first_us.is_none() {
+            let g = sent.gateway;
+            let gateway = &mut self.gateways[g];
+            let first = sent.first_us.is_none();
+            if first {
                 sent.first_us = Some(self.now_us);
                 gateway.first_token(token.id);
             }
             gateway.token(token.id);
             sent.output.push(token.token);
+            if first {
+                self.backlog_changed(g);
+            }
             if token.finished.is_some() {
                 self.finished(token.id, &token)?;
             }
@@ -468,6 +483,7 @@ impl<'a> Sim<'a> {
             return Ok(());
         };
         self.gateways[sent.gateway].finished(id, sent.replica);
+        self.backlog_changed(sent.gateway);
         let at = |us: u64| us as f64 / 1e6;
         let spec = &self.jobs[sent.job];
         self.records.push(RequestRecord {
@@ -514,6 +530,45 @@ impl<'a> Sim<'a> {
             if gateway.report(replica, &report, &update, now_ms) {
                 self.replicas[replica].needs_snapshot = true;
             }
+        }
+    }
+
+    /// Gateway `g`'s backlog changed: with the exchange on, it tells the others within the
+    /// exchange's delay (the push interval of a real gateway).
+    fn backlog_changed(&mut self, g: usize) {
+        let Some(delay_ms) = self.config.exchange_delay_ms else {
+            return;
+        };
+        if self.gateways.len() < 2 {
+            return;
+        }
+        let at = self.now_us + delay_ms * 1_000;
+        if self.backlog_due_us[g].is_none_or(|due| due > at) {
+            self.backlog_due_us[g] = Some(at);
+            self.push(at, Event::Backlog { gateway: g });
+        }
+    }
+
+    fn share_backlog(&mut self, g: usize) {
+        if self.backlog_due_us[g] != Some(self.now_us) {
+            return;
+        }
+        self.backlog_due_us[g] = None;
+        let backlog = self.gateways[g].fleet.backlogs();
+        let now_ms = self.now_us / 1_000;
+        let expires_ms = now_ms + PEER_BACKLOG_LAPSE_MS;
+        for (other, gateway) in self.gateways.iter_mut().enumerate() {
+            if other != g {
+                gateway
+                    .fleet
+                    .peer_backlog(g as u64, backlog.clone(), expires_ms);
+            }
+        }
+        if !backlog.is_empty() {
+            // Repeated while it lasts, so that it does not lapse.
+            let at = self.now_us + PEER_BACKLOG_LAPSE_MS * 1_000 / 4;
+            self.backlog_due_us[g] = Some(at);
+            self.push(at, Event::Backlog { gateway: g });
         }
     }
 
