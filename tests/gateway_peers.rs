@@ -1,5 +1,6 @@
 //! The decision exchange between gateway replicas (`peers:`), with real gateways and workers
 //! on loopback: a prompt one gateway routed is known to the other as held where it went, the
+//! prefill one gateway has queued counts in the other's ranking until its first token, the
 //! exchange needs its token and a well-formed push, and a peer that is down costs nothing but
 //! its pushes.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -37,8 +38,8 @@ fn long_chat(n: u32) -> serde_json::Value {
     )
 }
 
-/// Each replica's prefix signal in `gw`'s explanation of `body`, by name.
-async fn prefix_by_replica(gw: &Gateway, body: &serde_json::Value) -> Vec<(String, f64)> {
+/// One figure of each candidate in `gw`'s explanation of `body`, by name, best first.
+async fn by_replica(gw: &Gateway, body: &serde_json::Value, figure: &str) -> Vec<(String, f64)> {
     let (status, e) = post(&gw.admin(), "/admin/explain", body).await;
     assert_eq!(status, 200, "{e}");
     e["candidates"]
@@ -47,9 +48,33 @@ async fn prefix_by_replica(gw: &Gateway, body: &serde_json::Value) -> Vec<(Strin
         .iter()
         .map(|c| {
             let name = c["replica"].as_str().unwrap().to_string();
-            (name, c["score"]["prefix_blocks"].as_f64().unwrap())
+            (name, c["score"][figure].as_f64().unwrap())
         })
         .collect()
+}
+
+/// Each replica's prefix signal in `gw`'s explanation of `body`, by name.
+async fn prefix_by_replica(gw: &Gateway, body: &serde_json::Value) -> Vec<(String, f64)> {
+    by_replica(gw, body, "prefix_blocks").await
+}
+
+/// Waits until `gw` explains `body` with a candidate whose `figure` passes `ok`.
+async fn until_explained(
+    gw: &Gateway,
+    body: &serde_json::Value,
+    figure: &str,
+    what: &str,
+    ok: impl Fn(&[(String, f64)]) -> bool,
+) -> Vec<(String, f64)> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = by_replica(gw, body, figure).await;
+        if ok(&now) {
+            return now;
+        }
+        assert!(Instant::now() < deadline, "never {what}: {now:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 async fn push(gw: &Gateway, token: Option<&str>, body: &str) -> (u16, String) {
@@ -135,9 +160,9 @@ async fn a_push_needs_the_token_and_a_well_formed_body() {
     assert_eq!(push(&gw, None, &ok).await.0, 401);
     assert_eq!(push(&gw, Some("wrong"), &ok).await.0, 401);
     assert_eq!(push(&gw, Some(TOKEN), "{not json").await.0, 400);
-    let (status, body) = push(&gw, Some(TOKEN), r#"{"version":2,"decisions":[]}"#).await;
+    let (status, body) = push(&gw, Some(TOKEN), r#"{"version":3,"decisions":[]}"#).await;
     assert_eq!(status, 400);
-    assert!(body.contains("version 2"), "{body}");
+    assert!(body.contains("version 3"), "{body}");
     let unknown = r#"{"version":1,"decisions":[{"replica":"nobody","chunks":[1]}]}"#;
     assert_eq!(push(&gw, Some(TOKEN), unknown).await.0, 200);
     assert_eq!(push(&gw, Some(TOKEN), &ok).await.0, 200);
@@ -172,4 +197,85 @@ async fn a_push_needs_the_token_and_a_well_formed_body() {
         assert!(Instant::now() < deadline, "no failed push counted: {m}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peers_backlog_counts_until_its_first_token() {
+    // Slow first tokens keep A's request in its backlog long enough to watch.
+    let slow = ["--first-token-delay-ms", "1500"];
+    let workers = [Worker::start(&slow).await, Worker::start(&slow).await];
+    let upstreams: Vec<&dyn Upstream> = workers.iter().map(|w| w as &dyn Upstream).collect();
+    let (a_port, a_admin, b_port, b_admin) = (free_port(), free_port(), free_port(), free_port());
+    let token = token_file(a_port);
+    let a = Gateway::start_at(a_port, a_admin, &upstreams, &peers_yaml(&token, &[b_admin])).await;
+    let b = Gateway::start_at(b_port, b_admin, &upstreams, &peers_yaml(&token, &[a_admin])).await;
+    let body = long_chat(1);
+    let (url, sent) = (a.url(), body.clone());
+    let request =
+        tokio::spawn(async move { send(&client(), &url, "/v1/chat/completions", &sent).await });
+    // B counts A's prompt on the replica A chose, and on that one only.
+    let queued = until_explained(&b, &body, "prefill_backlog", "saw A's backlog", |c| {
+        c.iter().any(|(_, t)| *t > 0.0)
+    })
+    .await;
+    let on: Vec<&str> = queued
+        .iter()
+        .filter(|(_, t)| *t > 0.0)
+        .map(|(r, _)| r.as_str())
+        .collect();
+    let answer = request.await.unwrap();
+    assert_eq!(answer.status, 200);
+    assert_eq!(on, [answer.replica.unwrap().as_str()], "{queued:?}");
+    // Its first token came: the next push says so.
+    until_explained(&b, &body, "prefill_backlog", "saw A's backlog drain", |c| {
+        c.iter().all(|(_, t)| *t == 0.0)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pushed_backlog_replaces_the_last_and_needs_a_sender() {
+    let workers = [Worker::start(&[]).await, Worker::start(&[]).await];
+    let upstreams: Vec<&dyn Upstream> = workers.iter().map(|w| w as &dyn Upstream).collect();
+    let port = free_port();
+    let token = token_file(port);
+    let gw = Gateway::start_at(
+        port,
+        free_port(),
+        &upstreams,
+        &peers_yaml(&token, &[free_port()]),
+    )
+    .await;
+    let (w0, w1) = (workers[0].id(), workers[1].id());
+    let body = long_chat(2);
+    let backlog = |by: &str, tokens: &[(&str, u64)]| {
+        let entries: Vec<String> = tokens
+            .iter()
+            .map(|(r, t)| format!(r#"{{"replica":"{r}","tokens":{t}}}"#))
+            .collect();
+        format!(
+            r#"{{"version":2,{by}"decisions":[],"backlog":[{}]}}"#,
+            entries.join(",")
+        )
+    };
+    let push_ok = |text: String| {
+        let gw = &gw;
+        async move { assert_eq!(push(gw, Some(TOKEN), &text).await.0, 200, "{text}") }
+    };
+    let sender = r#""gateway":11,"#;
+    push_ok(backlog(sender, &[(&w0, 900_000), ("nobody", 5)])).await;
+    let ranked = by_replica(&gw, &body, "prefill_backlog").await;
+    assert_eq!(ranked, [(w1.clone(), 0.0), (w0.clone(), 900_000.0)]);
+    // Its next word replaces the last; another peer's adds to it.
+    push_ok(backlog(sender, &[(&w1, 800_000)])).await;
+    push_ok(backlog(r#""gateway":12,"#, &[(&w1, 1)])).await;
+    let ranked = by_replica(&gw, &body, "prefill_backlog").await;
+    assert_eq!(ranked, [(w0.clone(), 0.0), (w1.clone(), 800_001.0)]);
+    // A backlog without a sender cannot be replaced later: it is not taken.
+    push_ok(backlog("", &[(&w0, 9_000_000)])).await;
+    let ranked = by_replica(&gw, &body, "prefill_backlog").await;
+    assert_eq!(ranked[0], (w0.clone(), 0.0));
+    let bad =
+        r#"{"version":2,"gateway":11,"decisions":[],"backlog":[{"replica":"x","tokens":-1}]}"#;
+    assert_eq!(push(&gw, Some(TOKEN), bad).await.0, 400);
 }

@@ -50,6 +50,8 @@ pub struct Gateway {
     pub certificate: Option<Arc<crate::tls::Certificate>>,
     /// Decisions waiting to be pushed to peer gateways (with `peers:`).
     pub outbox: crate::peers::Outbox,
+    /// This gateway process as its peers know it.
+    pub peer_id: u64,
 }
 
 /// A routing outcome: the replicas to try in order, the first already counted in flight.
@@ -114,6 +116,7 @@ impl Gateway {
             drain: Default::default(),
             certificate,
             outbox: Default::default(),
+            peer_id: crate::peers::new_peer_id(),
         };
         gateway.sync_fleet_members();
         Ok(gateway)

@@ -1,19 +1,22 @@
 //! The decision exchange between gateway replicas (`peers:` in the config). Gateways in front
-//! of one fleet share no state, so each knows only the prefixes and sessions it placed itself:
-//! N gateways spread a prompt group over up to N replicas. Each gateway therefore queues, for
+//! of one fleet share no state, so each knows only the prefixes and sessions it placed itself
+//! and the prefill it queued itself: N gateways spread a prompt group over up to N replicas,
+//! and all pile onto the replica that looks idle to each. Each gateway therefore queues, for
 //! every request it routes, the replica it chose with the prompt's leading hashes and its
 //! session, and pushes the queue every `interval_ms` to each peer's admin listener
-//! (`POST /peer/decisions`, the group's bearer token); a peer records them as its own
-//! decisions (the prefix assumed held there, the session bound there, the replica's recent
-//! traffic counted) without touching its loads. Bounded and lossy by design: the queue drops
-//! its oldest past `max_pending`, a failed push is not retried, and a received decision is not
+//! (`POST /peer/decisions`, the group's bearer token), with the prefill it has queued on each
+//! replica. A peer records the decisions as its own (the prefix assumed held there, the
+//! session bound there, the replica's recent traffic counted) and counts the backlog beside its
+//! own until the next push replaces it. Bounded and lossy by design: the queue drops its
+//! oldest past `max_pending`, a failed push is not retried (the next backlog repairs the last;
+//! one unrepeated lapses after [`PEER_BACKLOG_LAPSE_MS`]), and a received decision is not
 //! forwarded again, so a slow or dead peer costs nothing but its own agreement.
 
 use crate::config::{GatewayConfig, Upstream};
 use crate::gateway::Gateway;
 use crate::metrics::Metrics;
 use bytes::Bytes;
-use kvgate_policies::RequestFeatures;
+use kvgate_policies::{RequestFeatures, PEER_BACKLOG_LAPSE_MS};
 use kvgate_protocol::{ApiError, ErrorKind};
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
@@ -24,7 +27,8 @@ use std::time::Duration;
 
 /// Where peers push (on the admin listener; not under `/admin/`, it has its own token).
 pub const PEER_PATH: &str = "/peer/decisions";
-pub const PEER_VERSION: u32 = 1;
+/// Version 2 added the backlog; a version-1 push (decisions only) is still taken.
+pub const PEER_VERSION: u32 = 2;
 /// Leading prompt hashes shared per decision (4,096 tokens at 16-token blocks): enough to
 /// name a prompt's shared prefix, and a bound on a push's size whatever the prompts' length.
 pub const MAX_SHARED_HASHES: usize = 256;
@@ -35,6 +39,15 @@ pub fn group_size(config: &GatewayConfig) -> u32 {
         .peers
         .as_ref()
         .map_or(1, |p| p.urls.len().saturating_add(1) as u32)
+}
+
+/// An id for this gateway process, unlike any other's: its start time and process id hashed.
+pub fn new_peer_id() -> u64 {
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let seed = format!("{started}/{}", std::process::id());
+    xxhash_rust::xxh3::xxh3_64(seed.as_bytes())
 }
 
 /// One routing decision as peers learn it.
@@ -76,12 +89,26 @@ impl PeerDecision {
     }
 }
 
-/// One push: every decision queued since the last.
+/// The prompt tokens a gateway sent a replica that have not yet produced a first token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerBacklog {
+    pub replica: String,
+    pub tokens: u64,
+}
+
+/// One push: every decision queued since the last, and the sender's backlog now.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PeerPush {
     pub version: u32,
+    /// The sending gateway, for as long as it runs (its backlog replaces the last it sent).
+    #[serde(default)]
+    pub gateway: Option<u64>,
     pub decisions: Vec<PeerDecision>,
+    /// Replicas it names none for: nothing queued.
+    #[serde(default)]
+    pub backlog: Vec<PeerBacklog>,
 }
 
 /// Decisions waiting for the next push.
@@ -154,7 +181,7 @@ fn accept(
     )?;
     let push: PeerPush = serde_json::from_slice(body)
         .map_err(|e| ApiError::new(ErrorKind::InvalidRequest, format!("bad push: {e}")))?;
-    if push.version != PEER_VERSION {
+    if !(1..=PEER_VERSION).contains(&push.version) {
         return Err(ApiError::new(
             ErrorKind::InvalidRequest,
             format!(
@@ -164,15 +191,29 @@ fn accept(
         ));
     }
     let snap = gateway.snapshot();
+    let slot = |name: &str| {
+        snap.replicas
+            .iter()
+            .find(|r| r.name == name)
+            .map(|r| r.slot)
+    };
     let now = gateway.now_ms();
     let received = push.decisions.len();
     let mut unknown = 0;
+    let backlog: Vec<_> = push
+        .backlog
+        .iter()
+        .filter_map(|b| Some((slot(&b.replica)?, b.tokens)))
+        .collect();
     let mut fleet = gateway.fleet();
     for decision in push.decisions {
-        match snap.replicas.iter().find(|r| r.name == decision.replica) {
-            Some(replica) => fleet.peer_sent(replica.slot, &decision.features(now)),
+        match slot(&decision.replica) {
+            Some(replica) => fleet.peer_sent(replica, &decision.features(now)),
             None => unknown += 1,
         }
+    }
+    if let Some(peer) = push.gateway {
+        fleet.peer_backlog(peer, backlog, now + PEER_BACKLOG_LAPSE_MS);
     }
     Ok((received - unknown, unknown))
 }
@@ -188,6 +229,9 @@ impl BackgroundService for Pusher {
         let gateway = &self.gateway;
         // The peers' addresses, resolved once per list of URLs (they change on reload only).
         let mut resolved: Vec<(String, Result<Upstream, String>)> = Vec::new();
+        // The backlog last pushed, and when: a push goes out when there are decisions, when
+        // the backlog changed, or to repeat one still standing before peers let it lapse.
+        let mut last: (Vec<PeerBacklog>, u64) = (Vec::new(), 0);
         loop {
             let snap = gateway.snapshot();
             let Some(peers) = &snap.config.peers else {
@@ -205,9 +249,19 @@ impl BackgroundService for Pusher {
                     .collect();
             }
             let decisions = gateway.outbox.take();
-            if !decisions.is_empty() {
+            let backlog = backlog(gateway, &snap);
+            let now = gateway.now_ms();
+            let repeat = !backlog.is_empty() && now >= last.1 + PEER_BACKLOG_LAPSE_MS / 4;
+            if !decisions.is_empty() || backlog != last.0 || repeat {
+                let push = PeerPush {
+                    version: PEER_VERSION,
+                    gateway: Some(gateway.peer_id),
+                    decisions,
+                    backlog: backlog.clone(),
+                };
                 let timeout = Duration::from_millis(peers.timeout_ms);
-                push_all(gateway, &resolved, decisions, timeout).await;
+                push_all(gateway, &resolved, push, timeout).await;
+                last = (backlog, now);
             }
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(peers.interval_ms)) => {}
@@ -217,18 +271,30 @@ impl BackgroundService for Pusher {
     }
 }
 
-/// One push of `decisions` to each peer at once, each within `timeout`.
+/// This gateway's backlog by replica name, in slot order.
+fn backlog(gateway: &Gateway, snap: &crate::snapshot::Snapshot) -> Vec<PeerBacklog> {
+    let queued = gateway.fleet().backlogs();
+    queued
+        .into_iter()
+        .filter_map(|(slot, tokens)| {
+            let replica = snap.replicas.iter().find(|r| r.slot == slot)?;
+            Some(PeerBacklog {
+                replica: replica.name.clone(),
+                tokens,
+            })
+        })
+        .collect()
+}
+
+/// One push to each peer at once, each within `timeout`.
 async fn push_all(
     gateway: &Arc<Gateway>,
     peers: &[(String, Result<Upstream, String>)],
-    decisions: Vec<PeerDecision>,
+    push: PeerPush,
     timeout: Duration,
 ) {
-    let count = decisions.len() as u64;
-    let body = match serde_json::to_vec(&PeerPush {
-        version: PEER_VERSION,
-        decisions,
-    }) {
+    let count = push.decisions.len() as u64;
+    let body = match serde_json::to_vec(&push) {
         Ok(b) => Bytes::from(b),
         Err(e) => {
             tracing::error!(error = %e, "cannot encode a push to peers");

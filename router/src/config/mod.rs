@@ -211,7 +211,8 @@ pub struct PeersConfig {
     /// File holding the bearer token every gateway of the group presents and asks for (read
     /// at load and at each reload).
     pub token_file: std::path::PathBuf,
-    /// Decisions go out in one push per peer at most this often.
+    /// Decisions and the backlog go out in one push per peer at most this often (the staler
+    /// the peers' backlogs, the more gateways pile onto one replica: see BENCHMARKS.md).
     #[serde(default = "defaults::peer_interval_ms")]
     pub interval_ms: u64,
     /// Decisions waiting for the next push at most; past it the oldest are dropped.
@@ -370,7 +371,7 @@ mod defaults {
         true
     }
     pub fn peer_interval_ms() -> u64 {
-        5
+        2
     }
     pub fn peer_max_pending() -> usize {
         4_096
