@@ -21,9 +21,12 @@ OUT/grid.json, OUT/grid.md (the table) and OUT/heat_*.svg (one heat map per rati
 load), and prints the table and the goals' summary.
 
 Usage: bench/routing/grid.py [--out DIR] [--seeds 3] [--jobs 2] [--only SUBSTRING]
-                             [--oracle-replays 16] [--exchange-ms MS] [--try POLICY.yaml ...]
+                             [--oracle-replays 16] [--exchange-ms MS [--exchange-seeds 15]
+                             [--exchange-only GRID_JSON]] [--try POLICY.yaml ...]
 --exchange-ms MS also runs kvgate on the many-gateway shapes with the gateways telling each
-other their decisions (`kvgate sim --gateway-exchange-ms`) and adds a table of it.
+other their decisions and prefill backlogs (`kvgate sim --gateway-exchange-ms`), and through
+one gateway, over --exchange-seeds seeds, and adds a table of it (OUT/exchange/); with
+--exchange-only only that table is made (OUT/exchange.md), from an earlier run's grid.json.
 --try runs kvgate policy files on every cell too (OUT/cells/CELL/seedN/try/NAME/) and adds them
 to the table of each preset's P90 over the best peer's across the grid, beside the default's.
 """
@@ -241,33 +244,38 @@ def aggregate(per_seed):
 
 
 def exchange_table(args, caps, cells):
-    """kvgate on the many-gateway shapes with the gateways exchanging decisions, beside the
-    same shapes without and through one gateway."""
-    def run(shape, fraction, seed):
-        out = os.path.join(args.out, "exchange", f"{safe(shape)}@{fraction}", f"seed{seed}")
+    """kvgate on the many-gateway shapes with the gateways exchanging decisions and backlogs,
+    beside the same shapes without and through one gateway. The ratio to one gateway is taken
+    per seed, on the same arrivals, then the median: a shape's P90 varies with its arrivals
+    (bursts) far more than with the number of gateways."""
+    def run(shape, fraction, seed, exchange):
+        name = "with" if exchange else "one"
+        out = os.path.join(args.out, "exchange", name, f"{safe(shape)}@{fraction}", f"seed{seed}")
         if not os.path.exists(os.path.join(out, "kvgate", "summary.json")):
-            sim(flags(shape, seed) + load_flags(shape, fraction, caps[shape])
-                + ["--gateway-exchange-ms", str(args.exchange_ms), "--policy", "kvgate"], out)
+            ms = ["--gateway-exchange-ms", str(args.exchange_ms)] if exchange else []
+            sim(flags(shape, seed) + load_flags(shape, fraction, caps[shape]) + ms
+                + ["--policy", "kvgate"], out)
         return summary(out, "kvgate")["ttft_s"]["p90"] * 1e3, replicas_per_group(out, "kvgate")
     lines = [f"| shape | load | kvgate P90 ms, one gateway | without the exchange | with it "
-             f"({args.exchange_ms} ms) | replicas per group, without | with |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    seeds = range(1, args.seeds + 1)
+             f"({args.exchange_ms} ms) | with it ÷ one gateway, per seed | replicas per group, "
+             f"without | with |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    seeds = range(1, args.exchange_seeds + 1)
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         for many, one in MANY_GATEWAYS:
             if many not in caps or f"{one}@{LOADS[0]}" not in cells:
                 continue
             for load in LOADS:
-                r = list(pool.map(lambda seed: run(many, load, seed), seeds))
-                p90, rpg = (statistics.median(x[i] for x in r) for i in (0, 1))
-                a, b = cells[f"{many}@{load}"], cells[f"{one}@{load}"]
-                base = b["p90_ms"]["kvgate"]
-                lines.append(f"| {many} | {load} | {base:.1f} | {a['p90_ms']['kvgate']:.1f} "
-                             f"({a['p90_ms']['kvgate'] / base:.2f}×) | {p90:.1f} "
-                             f"({p90 / base:.2f}×) | {a['replicas_per_group']:.2f} | "
-                             f"{rpg:.2f} |")
+                with_ = list(pool.map(lambda seed: run(many, load, seed, True), seeds))
+                alone = list(pool.map(lambda seed: run(one, load, seed, False), seeds))
+                p90, rpg = (statistics.median(x[i] for x in with_) for i in (0, 1))
+                base = statistics.median(x[0] for x in alone)
+                paired = [w[0] / o[0] for w, o in zip(with_, alone)]
+                a = cells[f"{many}@{load}"]
+                lines.append(f"| {many} | {load} | {base:.1f} | {a['p90_ms']['kvgate']:.1f} | "
+                             f"{p90:.1f} | {statistics.median(paired):.2f} ± "
+                             f"{(max(paired) - min(paired)) / 2:.2f} | "
+                             f"{a['replicas_per_group']:.2f} | {rpg:.2f} |")
     return "\n".join(lines) + "\n"
-
 
 def tries_table(cells):
     """Each preset's and tried policy's P90 over the best peer's across the grid, beside the
@@ -327,12 +335,26 @@ def main():
     ap.add_argument("--oracle-replays", type=int, default=16)
     ap.add_argument("--exchange-ms", type=int, default=None,
                     help="also run kvgate on the many-gateway shapes with gateways telling "
-                         "each other their decisions after this many ms")
+                         "each other their decisions and backlogs after this many ms")
+    ap.add_argument("--exchange-seeds", type=int, default=15,
+                    help="seeds of each many-gateway cell with the exchange")
+    ap.add_argument("--exchange-only", metavar="GRID_JSON",
+                    help="run only the exchange's table, on the capacities and cells of an "
+                         "earlier run's grid.json (its cells without the exchange)")
     ap.add_argument("--try", dest="tries", nargs="*", default=[], metavar="POLICY.yaml",
                     help="policy files to try on every cell beside the default")
     args = ap.parse_args()
     args.tries = [os.path.abspath(t) for t in args.tries]
     subprocess.run(["cargo", "build", "--release", "--bin", "kvgate"], cwd=ROOT, check=True)
+    if args.exchange_only:
+        with open(args.exchange_only) as f:
+            earlier = json.load(f)
+        text = exchange_table(args, earlier["capacity_rps"], earlier["cells"])
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "exchange.md"), "w") as f:
+            f.write(text)
+        print(text)
+        return
     shapes = [s for s in SHAPES if args.only in s]
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         caps = dict(zip(shapes, pool.map(lambda s: capacity(s, args.out), shapes)))
