@@ -502,7 +502,7 @@ mod tests {
         let peers = ok.peers.unwrap();
         assert_eq!(
             (peers.interval_ms, peers.max_pending, peers.timeout_ms),
-            (5, 4_096, 500)
+            (2, 4_096, 500)
         );
     }
 
