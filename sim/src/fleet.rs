@@ -2,13 +2,14 @@
 //! microseconds.
 
 use crate::config::SimConfig;
+use crate::exchange::Exchange;
 use crate::gateway::{Gateway, Incoming, Served};
 use crate::replica::Replica;
 use crate::routers::{Router, Routes, Turn};
 use crate::timeline::Timeline;
 use crate::tokens;
 use kvgate_bench::{Job, Load, RequestRecord};
-use kvgate_policies::{ReplicaId, ReplicaSpec, ReportAges, RequestFeatures, PEER_BACKLOG_LAPSE_MS};
+use kvgate_policies::{ReplicaId, ReplicaSpec, ReportAges};
 use kvgate_protocol::telemetry::{KvUpdate, TelemetryReport};
 use kvgate_worker::{NewRequest, SamplingParams};
 use std::cmp::Reverse;
@@ -97,11 +98,8 @@ struct Sim<'a> {
     sent: HashMap<u64, Sent>,
     /// Reports sent and not yet delivered, oldest first.
     reports_in_flight: VecDeque<(usize, TelemetryReport, KvUpdate)>,
-    /// Decisions one gateway sent the others, not yet delivered, oldest first: from, replica,
-    /// the request's features.
-    decisions_in_flight: VecDeque<(usize, usize, RequestFeatures)>,
-    /// When each gateway next tells the others its backlog, if it is due to.
-    backlog_due_us: Vec<Option<u64>>,
+    /// Decisions and backlogs between gateways, when they exchange them.
+    exchange: Option<Exchange>,
     next_request: u64,
     next_job: usize,
     jobs_done: usize,
@@ -209,8 +207,10 @@ impl<'a> Sim<'a> {
                 .collect(),
             sent: HashMap::new(),
             reports_in_flight: VecDeque::new(),
-            decisions_in_flight: VecDeque::new(),
-            backlog_due_us: vec![None; config.gateways],
+            exchange: config
+                .exchange_delay_ms
+                .filter(|_| config.gateways > 1)
+                .map(|ms| Exchange::new(ms, config.gateways)),
             next_request: 0,
             next_job: 0,
             jobs_done: 0,
@@ -252,8 +252,19 @@ impl<'a> Sim<'a> {
                     self.push(at + interval_us, Event::Report { replica });
                 }
                 Event::Deliver => self.deliver(),
-                Event::Exchange => self.exchange(),
-                Event::Backlog { gateway } => self.share_backlog(gateway),
+                Event::Exchange => {
+                    if let Some(x) = &mut self.exchange {
+                        x.deliver_decision(&mut self.gateways);
+                    }
+                }
+                Event::Backlog { gateway } => {
+                    let now = self.now_us;
+                    let again = (self.exchange.as_mut())
+                        .and_then(|x| x.share_backlog(gateway, now, &mut self.gateways));
+                    if let Some(at) = again {
+                        self.push(at, Event::Backlog { gateway });
+                    }
+                }
                 Event::Sample if running => {
                     self.sample();
                     self.push(at + self.config.sample_interval_ms * 1_000, Event::Sample);
@@ -344,12 +355,11 @@ impl<'a> Sim<'a> {
         let replica = self.gateways[gateway].route(&incoming, &self.served, &first_tokens);
         self.routes.insert(turn, id, replica);
         self.backlog_changed(gateway);
-        if let (Some(delay_ms), Some((to, features))) = (
-            self.config.exchange_delay_ms,
-            self.gateways[gateway].outbox.take(),
-        ) {
-            self.decisions_in_flight.push_back((gateway, to, features));
-            self.push(self.now_us + delay_ms * 1_000, Event::Exchange);
+        if let (Some(x), Some((to, features))) =
+            (&mut self.exchange, self.gateways[gateway].outbox.take())
+        {
+            let at = x.decided(gateway, to, features, self.now_us);
+            self.push(at, Event::Exchange);
         }
         self.sent.insert(
             id,
@@ -536,50 +546,13 @@ impl<'a> Sim<'a> {
     /// Gateway `g`'s backlog changed: with the exchange on, it tells the others within the
     /// exchange's delay (the push interval of a real gateway).
     fn backlog_changed(&mut self, g: usize) {
-        let Some(delay_ms) = self.config.exchange_delay_ms else {
-            return;
-        };
-        if self.gateways.len() < 2 {
-            return;
-        }
-        let at = self.now_us + delay_ms * 1_000;
-        if self.backlog_due_us[g].is_none_or(|due| due > at) {
-            self.backlog_due_us[g] = Some(at);
+        let now = self.now_us;
+        if let Some(at) = self
+            .exchange
+            .as_mut()
+            .and_then(|x| x.backlog_changed(g, now))
+        {
             self.push(at, Event::Backlog { gateway: g });
-        }
-    }
-
-    fn share_backlog(&mut self, g: usize) {
-        if self.backlog_due_us[g] != Some(self.now_us) {
-            return;
-        }
-        self.backlog_due_us[g] = None;
-        let backlog = self.gateways[g].fleet.backlogs();
-        let now_ms = self.now_us / 1_000;
-        let expires_ms = now_ms + PEER_BACKLOG_LAPSE_MS;
-        for (other, gateway) in self.gateways.iter_mut().enumerate() {
-            if other != g {
-                gateway
-                    .fleet
-                    .peer_backlog(g as u64, backlog.clone(), expires_ms);
-            }
-        }
-        if !backlog.is_empty() {
-            // Repeated while it lasts, so that it does not lapse.
-            let at = self.now_us + PEER_BACKLOG_LAPSE_MS * 1_000 / 4;
-            self.backlog_due_us[g] = Some(at);
-            self.push(at, Event::Backlog { gateway: g });
-        }
-    }
-
-    fn exchange(&mut self) {
-        let Some((from, replica, features)) = self.decisions_in_flight.pop_front() else {
-            return;
-        };
-        for (g, gateway) in self.gateways.iter_mut().enumerate() {
-            if g != from {
-                gateway.peer_sent(replica, &features);
-            }
         }
     }
 

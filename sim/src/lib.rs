@@ -5,6 +5,7 @@
 //! duration moves the clock.
 
 mod config;
+mod exchange;
 mod fleet;
 mod gateway;
 mod lookahead;

@@ -383,6 +383,27 @@ fn gateway_jitter_draws_each_delay_from_its_range_by_seed() {
     assert_eq!(a, ttfts(&run(4_000, 1)), "the same seed, the same draws");
 }
 
+/// kvgate through `gateways` gateways, exchanging decisions and backlogs after
+/// `exchange_delay_ms` (or not at all).
+fn through_gateways(
+    gateways: usize,
+    exchange_delay_ms: Option<u64>,
+    jobs: &[kvgate_bench::Job],
+    rate: f64,
+) -> Outcome {
+    let fleet = SimConfig {
+        exchange_delay_ms,
+        ..config(4, gateways)
+    };
+    simulate(
+        &fleet,
+        jobs,
+        Load::Rate(rate),
+        &Router::Kvgate(Default::default()),
+    )
+    .unwrap()
+}
+
 #[test]
 fn gateways_that_exchange_decisions_agree_on_where_prefixes_live() {
     let jobs = Workload::SharedPrefix {
@@ -395,17 +416,7 @@ fn gateways_that_exchange_decisions_agree_on_where_prefixes_live() {
     .jobs(400, 2)
     .unwrap();
     let replicas_per_group = |exchange_delay_ms| {
-        let fleet = SimConfig {
-            exchange_delay_ms,
-            ..config(4, 8)
-        };
-        let o = simulate(
-            &fleet,
-            &jobs,
-            Load::Rate(390.0),
-            &Router::Kvgate(Default::default()),
-        )
-        .unwrap();
+        let o = through_gateways(8, exchange_delay_ms, &jobs, 390.0);
         let mut groups: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
             Default::default();
         for r in &o.records {
@@ -434,17 +445,7 @@ fn gateways_that_exchange_backlogs_spread_one_system_prompt_as_one_gateway_does(
     .jobs(400, 3)
     .unwrap();
     let p90 = |gateways, exchange_delay_ms| {
-        let fleet = SimConfig {
-            exchange_delay_ms,
-            ..config(4, gateways)
-        };
-        let o = simulate(
-            &fleet,
-            &jobs,
-            Load::Rate(480.0),
-            &Router::Kvgate(Default::default()),
-        )
-        .unwrap();
+        let o = through_gateways(gateways, exchange_delay_ms, &jobs, 480.0);
         let mut ttft: Vec<f64> = o.records.iter().filter_map(|r| r.ttft_s).collect();
         ttft.sort_by(f64::total_cmp);
         ttft[ttft.len() * 9 / 10]
