@@ -16,12 +16,12 @@ use crate::config::{GatewayConfig, Upstream};
 use crate::gateway::Gateway;
 use crate::metrics::Metrics;
 use bytes::Bytes;
-use kvgate_policies::{RequestFeatures, PEER_BACKLOG_LAPSE_MS};
+use kvgate_policies::{ReplicaId, RequestFeatures, PEER_BACKLOG_LAPSE_MS};
 use kvgate_protocol::{ApiError, ErrorKind};
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 use serde::{Deserialize, Serialize};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -191,12 +191,13 @@ fn accept(
         ));
     }
     let snap = gateway.snapshot();
-    let slot = |name: &str| {
-        snap.replicas
-            .iter()
-            .find(|r| r.name == name)
-            .map(|r| r.slot)
-    };
+    // One lookup per name, not a scan of the fleet for each of a push's entries.
+    let slots: HashMap<&str, ReplicaId> = snap
+        .replicas
+        .iter()
+        .map(|r| (r.name.as_str(), r.slot))
+        .collect();
+    let slot = |name: &str| slots.get(name).copied();
     let now = gateway.now_ms();
     let received = push.decisions.len();
     let mut unknown = 0;
@@ -274,12 +275,19 @@ impl BackgroundService for Pusher {
 /// This gateway's backlog by replica name, in slot order.
 fn backlog(gateway: &Gateway, snap: &crate::snapshot::Snapshot) -> Vec<PeerBacklog> {
     let queued = gateway.fleet().backlogs();
+    if queued.is_empty() {
+        return Vec::new();
+    }
+    let names: HashMap<ReplicaId, &str> = snap
+        .replicas
+        .iter()
+        .map(|r| (r.slot, r.name.as_str()))
+        .collect();
     queued
         .into_iter()
         .filter_map(|(slot, tokens)| {
-            let replica = snap.replicas.iter().find(|r| r.slot == slot)?;
             Some(PeerBacklog {
-                replica: replica.name.clone(),
+                replica: names.get(&slot)?.to_string(),
                 tokens,
             })
         })
