@@ -117,7 +117,7 @@ impl PreciseIndex {
     }
 
     fn load_snapshot(&mut self, replica: ReplicaId, snapshot: &KvSnapshot) {
-        self.clear_replica(replica);
+        self.clear_blocks(replica);
         for &h in &snapshot.hashes {
             self.add(replica, h, DEVICE);
         }
@@ -142,7 +142,7 @@ impl PreciseIndex {
                 }
                 KvEvent::AllCleared => {
                     let seq = self.replica_mut(replica).seq;
-                    self.clear_replica(replica);
+                    self.clear_blocks(replica);
                     self.replica_mut(replica).seq = seq;
                 }
             }
@@ -185,11 +185,18 @@ impl PreciseIndex {
     /// Forgets everything `replica` held, and its event sequence (it restarted or left): its
     /// next update must start with a snapshot.
     pub fn clear_replica(&mut self, replica: ReplicaId) {
+        self.clear_blocks(replica);
+        self.assumed.retain(|_, (r, _)| *r != replica);
+    }
+
+    /// Forgets the blocks `replica`'s events reported, and its event sequence, but not the
+    /// guesses: a snapshot or a cleared cache says nothing of the prompts sent to it that it
+    /// has not computed yet.
+    fn clear_blocks(&mut self, replica: ReplicaId) {
         let old = std::mem::take(self.replica_mut(replica));
         for &hash in old.blocks.keys() {
             self.set_holder(hash, replica, 0);
         }
-        self.assumed.retain(|_, (r, _)| *r != replica);
     }
 
     /// Notes that `replica` was sent a prompt with these blocks, of which it holds the first
@@ -485,5 +492,28 @@ mod tests {
         idx.assume(A, &prompt, 6, 300, 600);
         assert_eq!(idx.assumed_len(), 2, "checkpoints 8 and 10 guessed, not 4");
         assert_eq!(overlaps(&idx, &prompt, 350), vec![10.0, 0.0]);
+    }
+
+    #[test]
+    fn a_snapshot_keeps_the_guesses_of_prompts_not_yet_computed() {
+        let mut idx = PreciseIndex::default();
+        let prompt: Vec<u64> = (1..=8).collect();
+        idx.assume(A, &prompt, 0, 100, 200);
+        // The replica's first report: a snapshot taken before it computed the prompt.
+        idx.apply(A, &snapshot(0, &[42]));
+        assert_eq!(overlaps(&idx, &prompt, 150), vec![8.0, 0.0]);
+        let cleared = KvEventBatch {
+            version: KV_EVENTS_VERSION,
+            seq: 1,
+            events: vec![KvEvent::AllCleared],
+        };
+        idx.apply(A, &batches(vec![cleared]));
+        assert_eq!(overlaps(&idx, &prompt, 150), vec![8.0, 0.0]);
+        idx.clear_replica(A);
+        assert_eq!(
+            overlaps(&idx, &prompt, 150),
+            vec![0.0, 0.0],
+            "a restarted replica lost its prompts"
+        );
     }
 }
