@@ -404,6 +404,44 @@ fn through_gateways(
     .unwrap()
 }
 
+/// How many replicas each prefix group's requests went to, on average.
+fn replicas_per_group(o: &Outcome) -> f64 {
+    let mut groups: std::collections::BTreeMap<&str, std::collections::BTreeSet<&str>> =
+        Default::default();
+    for r in &o.records {
+        if let (Some(g), Some(rep)) = (&r.group, &r.replica) {
+            groups.entry(g).or_default().insert(rep);
+        }
+    }
+    groups.values().map(|r| r.len()).sum::<usize>() as f64 / groups.len() as f64
+}
+
+#[test]
+fn a_replicas_first_report_does_not_make_the_groups_sent_to_it_look_cold() {
+    // 16 groups arrive within the first report interval: each replica's first report (a KV
+    // snapshot taken before it computed them) once erased the gateway's guesses, and the
+    // groups' next requests split over 1.3 replicas each at 0.9 of capacity.
+    for seed in [1, 2, 3] {
+        let jobs = Workload::SharedPrefix {
+            groups: 16,
+            prompts_per_group: 25,
+            system_len: 1024,
+            question_len: 64,
+            output_len: 32,
+        }
+        .jobs(400, seed)
+        .unwrap();
+        let fleet = SimConfig {
+            seed,
+            ..config(4, 1)
+        };
+        let router = Router::Kvgate(Default::default());
+        let o = simulate(&fleet, &jobs, Load::Rate(385.0), &router).unwrap();
+        let spread = replicas_per_group(&o);
+        assert!(spread < 1.1, "seed {seed}: {spread} replicas per group");
+    }
+}
+
 #[test]
 fn gateways_that_exchange_decisions_agree_on_where_prefixes_live() {
     let jobs = Workload::SharedPrefix {
@@ -416,15 +454,7 @@ fn gateways_that_exchange_decisions_agree_on_where_prefixes_live() {
     .jobs(400, 2)
     .unwrap();
     let replicas_per_group = |exchange_delay_ms| {
-        let o = through_gateways(8, exchange_delay_ms, &jobs, 390.0);
-        let mut groups: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
-            Default::default();
-        for r in &o.records {
-            if let (Some(g), Some(rep)) = (&r.group, &r.replica) {
-                groups.entry(g.clone()).or_default().insert(rep.clone());
-            }
-        }
-        groups.values().map(|r| r.len()).sum::<usize>() as f64 / groups.len() as f64
+        replicas_per_group(&through_gateways(8, exchange_delay_ms, &jobs, 390.0))
     };
     let (alone, told) = (replicas_per_group(None), replicas_per_group(Some(5)));
     assert!(
