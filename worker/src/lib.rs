@@ -9,6 +9,7 @@ pub mod request;
 pub mod sample;
 pub mod sched;
 pub mod server;
+pub mod spec;
 
 pub use engine::{Engine, EngineConfig, EngineError, NewRequest, StepOutput, TokenOutput};
 pub use request::{FinishReason, RequestId, SamplingParams};

@@ -1,0 +1,144 @@
+//! A suffix cache shared by every request: the n-grams of recent prompts and outputs, each
+//! with the tokens that followed it, so that a fleet's repeated answers (agents, templates,
+//! retries) draft too, which prompt lookup alone cannot do across requests. Bounded in
+//! entries, least recently used dropped first; a later occurrence of an n-gram replaces the
+//! earlier one's continuation.
+
+use super::{Drafter, NgramSettings};
+use lru::LruCache;
+use std::num::NonZeroUsize;
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Tokens kept after each n-gram: the longest draft the cache can give.
+pub const MAX_CONTINUATION: usize = 16;
+
+#[derive(Debug)]
+struct Entry {
+    /// The n-gram itself, so that a hash collision drafts nothing rather than wrong tokens.
+    ngram: Box<[u32]>,
+    continuation: Box<[u32]>,
+}
+
+#[derive(Debug)]
+pub struct SuffixCache {
+    settings: NgramSettings,
+    entries: LruCache<u64, Entry>,
+}
+
+fn key(ngram: &[u32]) -> u64 {
+    let bytes: Vec<u8> = ngram.iter().flat_map(|t| t.to_le_bytes()).collect();
+    xxh3_64(&bytes)
+}
+
+impl SuffixCache {
+    /// A cache of at most `capacity` n-grams (about 100 bytes each).
+    pub fn new(settings: NgramSettings, capacity: NonZeroUsize) -> Self {
+        SuffixCache {
+            settings,
+            entries: LruCache::new(capacity),
+        }
+    }
+
+    /// Learns a sequence (a prompt, or a prompt and its output): every n-gram of it with what
+    /// followed, later occurrences last so that they win.
+    pub fn learn(&mut self, tokens: &[u32]) {
+        let NgramSettings { min, max } = self.settings;
+        for start in 0..tokens.len() {
+            for n in min..=max {
+                let from = start + n;
+                if from >= tokens.len() {
+                    break;
+                }
+                let ngram = &tokens[start..from];
+                let continuation = &tokens[from..tokens.len().min(from + MAX_CONTINUATION)];
+                self.entries.put(
+                    key(ngram),
+                    Entry {
+                        ngram: ngram.into(),
+                        continuation: continuation.into(),
+                    },
+                );
+            }
+        }
+    }
+
+    /// N-grams held.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+impl Drafter for SuffixCache {
+    /// The continuation of the longest suffix of `context` the cache holds.
+    fn propose(&mut self, context: &[u32], k: usize) -> Vec<u32> {
+        let NgramSettings { min, max } = self.settings;
+        for n in (min..=max.min(context.len())).rev() {
+            let suffix = &context[context.len() - n..];
+            if let Some(entry) = self.entries.get(&key(suffix)) {
+                if *entry.ngram == *suffix {
+                    return entry.continuation[..k.min(entry.continuation.len())].to_vec();
+                }
+            }
+        }
+        Vec::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cache(capacity: usize) -> SuffixCache {
+        SuffixCache::new(
+            NgramSettings::new(2, 3).unwrap(),
+            NonZeroUsize::new(capacity).unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_learned_answer_drafts_for_another_request() {
+        let mut c = cache(1_000);
+        // One request's prompt and answer: "... tool call: [10, 11, 12, 13, 14]".
+        c.learn(&[1, 2, 3, 10, 11, 12, 13, 14]);
+        // Another request reaches the same point in its own context.
+        assert_eq!(c.propose(&[9, 9, 2, 3, 10], 3), vec![11, 12, 13]);
+        assert_eq!(
+            c.propose(&[9, 3, 10], 8),
+            vec![11, 12, 13, 14],
+            "to its end"
+        );
+        assert!(c.propose(&[4, 5, 6], 3).is_empty(), "never seen");
+        assert!(c.propose(&[10], 3).is_empty(), "shorter than min");
+        assert!(c.propose(&[2, 3], 0).is_empty());
+    }
+
+    #[test]
+    fn the_longest_suffix_and_the_latest_occurrence_win() {
+        let mut c = cache(1_000);
+        c.learn(&[5, 1, 2, 7]);
+        c.learn(&[6, 1, 2, 8]);
+        // [1, 2]: the later sequence's continuation; [5, 1, 2]: only the first had it.
+        assert_eq!(c.propose(&[0, 1, 2], 1), vec![8]);
+        assert_eq!(c.propose(&[5, 1, 2], 1), vec![7]);
+    }
+
+    #[test]
+    fn it_holds_at_most_its_capacity_and_forgets_the_least_recently_used() {
+        let mut c = cache(4);
+        c.learn(&(0..100).collect::<Vec<u32>>());
+        assert_eq!(c.len(), 4);
+        assert!(
+            c.propose(&[0, 1], 1).is_empty(),
+            "the first n-grams were dropped"
+        );
+        assert_eq!(c.propose(&[96, 97], 1), vec![98]);
+        let long: Vec<u32> = (0..40).collect();
+        let mut c = cache(1_000);
+        c.learn(&long);
+        assert_eq!(c.propose(&[0, 1], 99).len(), MAX_CONTINUATION);
+    }
+}
