@@ -74,7 +74,13 @@ fn verify_with(
     for (i, &x) in draft.iter().enumerate() {
         let p = &target[i];
         let q_of = |t: u32| match draft_probs {
-            DraftProbs::PointMass => f64::from(u8::from(t == x)),
+            DraftProbs::PointMass => {
+                if t == x {
+                    1.0
+                } else {
+                    0.0
+                }
+            }
             DraftProbs::Model(q) => q[i].get(t as usize).copied().unwrap_or(0.0),
         };
         let (px, qx) = (p.get(x as usize).copied().unwrap_or(0.0), q_of(x));
