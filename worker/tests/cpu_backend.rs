@@ -116,6 +116,7 @@ fn first_step_logits_equal_llama_cpp() {
             len: prompt.len(),
             block_table: &table,
             samples: true,
+            draft: 0,
             params: &params,
             num_output_tokens: 0,
         };
@@ -245,4 +246,82 @@ fn a_prompt_gives_the_same_greedy_output_alone_or_among_16_others() {
     let single = run(&mut alone);
     assert!(single.get(&3).is_some_and(|t| !t.is_empty()));
     assert_eq!(single.get(&3), batched.get(&3));
+}
+
+/// A slice whose last tokens are a draft gets the model's own token at each drafted position:
+/// the draft's kept tokens, then the model's next (one step for several tokens).
+#[test]
+fn a_drafted_slice_keeps_the_tokens_the_model_would_have_chosen() {
+    use kvgate_worker::backend::Backend;
+    let model = ModelFile::open(&default_model()).unwrap();
+    let g = golden();
+    let mut e = engine(&model, 1);
+    let cases: Vec<Vec<u32>> = g.cases.iter().take(6).map(ids).collect();
+    for (n, prompt) in cases.iter().enumerate() {
+        e.add_request(NewRequest {
+            id: n as u64,
+            prompt: prompt.clone(),
+            params: greedy(9),
+            priority: 0,
+        })
+        .unwrap();
+    }
+    let reference = run(&mut e);
+    let mut cpu = backend(&model, 1);
+    let params = greedy(9);
+    let mut checked = 0;
+    for (n, prompt) in cases.iter().enumerate() {
+        let continuation = &reference[&(n as u64)];
+        if continuation.len() < 9 {
+            continue; // it ended early: nothing to draft past the end
+        }
+        let verify = |cpu: &mut CpuBackend, draft: &[u32]| -> Vec<u32> {
+            let tokens: Vec<u32> = prompt.iter().chain(draft).copied().collect();
+            let table: Vec<u32> = (1..=tokens.len().div_ceil(16) as u32).collect();
+            let slice = BatchSlice {
+                id: n as u64,
+                tokens: &tokens,
+                start: 0,
+                len: tokens.len(),
+                block_table: &table,
+                samples: true,
+                draft: draft.len(),
+                params: &params,
+                num_output_tokens: 0,
+            };
+            let out = cpu.execute(&[slice]).unwrap();
+            out.sampled.iter().map(|s| s.token).collect()
+        };
+        // The model's own 8 tokens as the draft: all kept, and the 9th comes with them.
+        assert_eq!(
+            verify(&mut cpu, &continuation[..8]),
+            continuation[..9],
+            "case {n}"
+        );
+        // A wrong 4th token: the first three kept, then the model's own 4th.
+        let mut wrong = continuation[..8].to_vec();
+        wrong[3] = (wrong[3] + 1) % model.params.vocab_size as u32;
+        assert_eq!(verify(&mut cpu, &wrong), continuation[..4], "case {n}");
+        checked += 1;
+    }
+    assert!(checked >= 3, "only {checked} prompts ran 9 tokens");
+    // Sampled verification is not in the backend yet: a clear error, not a wrong token.
+    let tokens = [1u32, 2, 3, 4];
+    let sampled = SamplingParams {
+        temperature: 0.8,
+        ..greedy(9)
+    };
+    let slice = BatchSlice {
+        id: 7,
+        tokens: &tokens,
+        start: 0,
+        len: 4,
+        block_table: &[1],
+        samples: true,
+        draft: 2,
+        params: &sampled,
+        num_output_tokens: 0,
+    };
+    let e = cpu.execute(&[slice]).unwrap_err().to_string();
+    assert!(e.contains("only under greedy sampling"), "{e}");
 }

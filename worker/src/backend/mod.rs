@@ -22,6 +22,10 @@ pub struct BatchSlice<'a> {
     pub block_table: &'a [BlockId],
     /// Sample the next token after this slice.
     pub samples: bool,
+    /// With `samples`: the slice's last `draft` tokens are a speculative draft (fewer than
+    /// `len`), verified against the model's own tokens at those positions; the step emits the
+    /// draft's kept tokens and the model's next one.
+    pub draft: usize,
     pub params: &'a SamplingParams,
     /// Output tokens generated so far (for per-position seeds).
     pub num_output_tokens: usize,
@@ -37,7 +41,8 @@ pub struct Sampled {
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct BatchOutput {
-    /// One entry for every slice that samples.
+    /// For every slice that samples, in batch order: its token, or with a draft the draft's
+    /// kept tokens and the model's next one.
     pub sampled: Vec<Sampled>,
     /// How long the step takes on modelled hardware (the sim backend); `None` when the
     /// backend really computed it.

@@ -48,6 +48,11 @@ impl SimBackend {
 
 impl Backend for SimBackend {
     fn execute(&mut self, batch: &[BatchSlice<'_>]) -> Result<BatchOutput, BackendError> {
+        if batch.iter().any(|s| s.draft > 0) {
+            return Err(BackendError::Failed(
+                "the sim backend does not verify speculative drafts yet".into(),
+            ));
+        }
         let seconds = self
             .profile
             .step_seconds(batch.iter().map(|s| (s.start, s.len)));

@@ -236,6 +236,7 @@ impl<B: Backend> Engine<B> {
                     len: s.len,
                     block_table: r.kv.ids(),
                     samples: s.samples,
+                    draft: 0,
                     params: &r.params,
                     num_output_tokens: r.num_output_tokens(),
                 })

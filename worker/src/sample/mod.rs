@@ -65,9 +65,14 @@ fn uniform(seed: u64, position: usize) -> f64 {
     (z >> 11) as f64 / (1u64 << 53) as f64
 }
 
+/// Whether these parameters always pick the argmax.
+pub fn is_greedy(params: &SamplingParams) -> bool {
+    params.temperature < GREEDY_BELOW || params.top_k == 1
+}
+
 /// Picks a token for output position `position` of a request.
 pub fn sample(logits: &[f32], params: &SamplingParams, seed: u64, position: usize) -> u32 {
-    if params.temperature < GREEDY_BELOW || params.top_k == 1 {
+    if is_greedy(params) {
         return argmax(logits);
     }
     // Candidates by logit, best first; top-k cuts the list.

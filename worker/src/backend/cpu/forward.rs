@@ -49,7 +49,8 @@ thread_local! {
         const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// The logits of one step: for the `j`-th sampling slice, `slice(j)`.
+/// The logits of one step: a row for each sampling slice, or with a draft one for each of its
+/// last `draft + 1` tokens, in batch order.
 pub struct Logits<'a> {
     slices: &'a [(usize, usize)],
     values: &'a [f32],
@@ -57,7 +58,7 @@ pub struct Logits<'a> {
 }
 
 impl Logits<'_> {
-    /// (index of the slice in the batch, its logits) for every slice that samples.
+    /// (index of the slice in the batch, one row's logits), in batch and row order.
     pub fn iter(&self) -> impl Iterator<Item = (usize, &[f32])> + '_ {
         self.slices
             .iter()
@@ -156,7 +157,10 @@ impl Forward {
                 t += 1;
             }
             if slice.samples {
-                s.sample_rows.push((i, t - 1));
+                // A draft's tokens each need the model's own token at their position, and the
+                // last needs the next one: logits for the last `draft + 1` rows.
+                let rows = slice.draft.min(slice.len.saturating_sub(1)) + 1;
+                s.sample_rows.extend((t - rows..t).map(|row| (i, row)));
             }
         }
         // The KV-cache offsets each token attends to (its request's positions up to its own):

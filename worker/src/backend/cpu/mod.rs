@@ -14,7 +14,8 @@ pub mod weights;
 
 use super::{Backend, BackendError, BatchOutput, BatchSlice, Sampled};
 use crate::model::ModelFile;
-use crate::sample::{logprobs, sample};
+use crate::sample::{is_greedy, logprobs, sample};
+use crate::spec::verify_greedy;
 use dot::Isa;
 use forward::Forward;
 use kv_cache::KvCache;
@@ -80,28 +81,42 @@ impl CpuBackend {
 
 impl Backend for CpuBackend {
     fn execute(&mut self, batch: &[BatchSlice<'_>]) -> Result<BatchOutput, BackendError> {
-        let sampled = self
-            .forward
-            .run(batch)
-            .iter()
-            .map(|(i, logits)| {
-                let s = &batch[i];
-                // Without a seed, the request id seeds the draws (different per request).
-                let seed = s
-                    .params
-                    .seed
-                    .unwrap_or(s.id.wrapping_mul(0x2545_F491_4F6C_DD1D));
-                let token = sample(logits, s.params, seed, s.num_output_tokens);
-                Sampled {
+        if let Some(s) = batch.iter().find(|s| s.draft > 0 && !is_greedy(s.params)) {
+            return Err(BackendError::Failed(format!(
+                "request {}: a speculative draft is verified only under greedy sampling so far",
+                s.id
+            )));
+        }
+        let logits = self.forward.run(batch);
+        let mut rows = logits.iter().peekable();
+        let mut sampled = Vec::new();
+        while let Some((i, first)) = rows.next() {
+            let s = &batch[i];
+            // Without a seed, the request id seeds the draws (different per request).
+            let seed = s
+                .params
+                .seed
+                .unwrap_or(s.id.wrapping_mul(0x2545_F491_4F6C_DD1D));
+            let mut slice_rows = vec![first];
+            while let Some((_, row)) = rows.next_if(|(j, _)| *j == i) {
+                slice_rows.push(row);
+            }
+            let targets: Vec<u32> = slice_rows
+                .iter()
+                .enumerate()
+                .map(|(k, l)| sample(l, s.params, seed, s.num_output_tokens + k))
+                .collect();
+            let end = s.start + s.len;
+            let draft = &s.tokens[end + 1 - slice_rows.len()..end];
+            let verified = verify_greedy(draft, &targets);
+            for (&token, row) in verified.tokens.iter().zip(&slice_rows) {
+                sampled.push(Sampled {
                     id: s.id,
                     token,
-                    logprobs: s
-                        .params
-                        .logprobs
-                        .map(|n| logprobs(logits, token, n as usize)),
-                }
-            })
-            .collect();
+                    logprobs: s.params.logprobs.map(|n| logprobs(row, token, n as usize)),
+                });
+            }
+        }
         Ok(BatchOutput {
             sampled,
             modelled_duration: None,
