@@ -305,23 +305,36 @@ fn a_drafted_slice_keeps_the_tokens_the_model_would_have_chosen() {
         checked += 1;
     }
     assert!(checked >= 3, "only {checked} prompts ran 9 tokens");
-    // Sampled verification is not in the backend yet: a clear error, not a wrong token.
-    let tokens = [1u32, 2, 3, 4];
-    let sampled = SamplingParams {
-        temperature: 0.8,
+    // Sampled, with top-p keeping only the model's best token: a draft that starts with another
+    // token is rejected at once, and the model's own token follows.
+    let prompt = &cases[0];
+    let continuation = &reference[&0];
+    let narrow = SamplingParams {
+        temperature: 1.0,
+        top_p: 1e-6,
         ..greedy(9)
     };
+    let mut wrong = continuation[..4].to_vec();
+    wrong[0] = (wrong[0] + 1) % model.params.vocab_size as u32;
+    let tokens: Vec<u32> = prompt.iter().chain(&wrong).copied().collect();
+    let table: Vec<u32> = (1..=tokens.len().div_ceil(16) as u32).collect();
     let slice = BatchSlice {
-        id: 7,
+        id: 0,
         tokens: &tokens,
         start: 0,
-        len: 4,
-        block_table: &[1],
+        len: tokens.len(),
+        block_table: &table,
         samples: true,
-        draft: 2,
-        params: &sampled,
+        draft: wrong.len(),
+        params: &narrow,
         num_output_tokens: 0,
     };
-    let e = cpu.execute(&[slice]).unwrap_err().to_string();
-    assert!(e.contains("only under greedy sampling"), "{e}");
+    let out: Vec<u32> = cpu
+        .execute(&[slice])
+        .unwrap()
+        .sampled
+        .iter()
+        .map(|s| s.token)
+        .collect();
+    assert_eq!(out, continuation[..1], "only the model's own first token");
 }

@@ -22,9 +22,10 @@ pub struct BatchSlice<'a> {
     pub block_table: &'a [BlockId],
     /// Sample the next token after this slice.
     pub samples: bool,
-    /// With `samples`: the slice's last `draft` tokens are a speculative draft (fewer than
-    /// `len`), verified against the model's own tokens at those positions; the step emits the
-    /// draft's kept tokens and the model's next one.
+    /// With `samples`: the slice's last `draft` tokens are a deterministic speculative draft
+    /// (fewer than `len`), verified against the model at those positions (greedy, or by
+    /// rejection sampling under the request's sampling); the step emits the draft's kept tokens
+    /// and the model's next one.
     pub draft: usize,
     pub params: &'a SamplingParams,
     /// Output tokens generated so far (for per-position seeds).

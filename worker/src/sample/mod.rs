@@ -56,7 +56,7 @@ pub fn argmax(logits: &[f32]) -> u32 {
 }
 
 /// A uniform draw in [0, 1) from (seed, position): SplitMix64.
-fn uniform(seed: u64, position: usize) -> f64 {
+pub(crate) fn uniform(seed: u64, position: usize) -> f64 {
     let mut z = seed ^ (position as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -75,6 +75,20 @@ pub fn sample(logits: &[f32], params: &SamplingParams, seed: u64, position: usiz
     if is_greedy(params) {
         return argmax(logits);
     }
+    let kept = distribution(logits, params);
+    let mut draw = uniform(seed, position);
+    for &(token, p) in &kept {
+        draw -= p;
+        if draw < 0.0 {
+            return token;
+        }
+    }
+    kept[kept.len() - 1].0
+}
+
+/// The tokens a sampled (not greedy) draw may pick and their probabilities after
+/// temperature, top-k and top-p, summing to 1, most likely first (ties by id).
+pub fn distribution(logits: &[f32], params: &SamplingParams) -> Vec<(u32, f64)> {
     // Candidates by logit, best first; top-k cuts the list.
     let mut candidates: Vec<(u32, f32)> = logits
         .iter()
@@ -111,14 +125,11 @@ pub fn sample(logits: &[f32], params: &SamplingParams, seed: u64, position: usiz
         }
     }
     let kept: f64 = probs[..keep].iter().sum();
-    let mut draw = uniform(seed, position) * kept;
-    for (i, p) in probs[..keep].iter().enumerate() {
-        draw -= p;
-        if draw < 0.0 {
-            return candidates[i].0;
-        }
-    }
-    candidates[keep - 1].0
+    candidates[..keep]
+        .iter()
+        .zip(&probs)
+        .map(|(c, p)| (c.0, p / kept))
+        .collect()
 }
 
 #[cfg(test)]

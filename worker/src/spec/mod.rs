@@ -8,7 +8,7 @@ mod verify;
 
 pub use ngram::{NgramDrafter, NgramSettings};
 pub use suffix::{SuffixCache, MAX_CONTINUATION};
-pub use verify::{verify_greedy, verify_sampled, DraftProbs, Verified};
+pub use verify::{verify_greedy, verify_logits, verify_sampled, DraftProbs, Verified};
 
 /// Proposes the tokens likely to follow a request's context (its prompt and output so far).
 pub trait Drafter {

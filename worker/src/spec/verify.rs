@@ -6,6 +6,43 @@
 //! distribution. A drafter without probabilities (prompt lookup, the suffix cache) is the
 //! point mass `q(x) = 1`. The emitted tokens are distributed exactly as the target's.
 
+use crate::request::SamplingParams;
+use crate::sample::{argmax, distribution, is_greedy, uniform};
+
+/// Verifies a deterministic draft (prompt lookup, the suffix cache) against the model's
+/// logits at each drafted position and the next (`draft.len() + 1` rows), under the request's
+/// sampling; the draws are keyed by (seed, the first drafted output position).
+pub fn verify_logits(
+    rows: &[&[f32]],
+    draft: &[u32],
+    params: &SamplingParams,
+    seed: u64,
+    position: usize,
+) -> Verified {
+    if is_greedy(params) {
+        let targets: Vec<u32> = rows.iter().map(|l| argmax(l)).collect();
+        return verify_greedy(draft, &targets);
+    }
+    let target: Vec<Vec<f64>> = rows
+        .iter()
+        .map(|l| {
+            let mut p = vec![0.0; l.len()];
+            for (token, q) in distribution(l, params) {
+                p[token as usize] = q;
+            }
+            p
+        })
+        .collect();
+    // A stream of its own per (seed, position), apart from a plain draw's.
+    let stream = seed ^ 0x5BEC_DEC0_DE5E_ED00;
+    let mut n = 0;
+    let draws = || {
+        n += 1;
+        uniform(stream.wrapping_add(n), position)
+    };
+    verify_sampled(draft, DraftProbs::PointMass, &target, draws)
+}
+
 /// What a verification emits: the drafted tokens kept, then the target's own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verified {
@@ -241,6 +278,42 @@ mod tests {
         let counts = first_tokens(100_000, Residual::Unnormalised, 7);
         let chi2 = chi_squared(&counts, &P);
         assert!(chi2 > CHI2_4_AT_001, "chi2 {chi2}: the bias went unseen");
+    }
+
+    #[test]
+    fn a_drafted_token_under_temperature_and_top_k_comes_out_as_the_model_samples() {
+        let logits = [1.0f32, 0.5, 0.0, -0.5, 2.0, -3.0];
+        let params = SamplingParams {
+            temperature: 0.7,
+            top_k: 5,
+            ..SamplingParams::default()
+        };
+        let p: Vec<f64> = {
+            let mut p = vec![0.0; logits.len()];
+            for (t, q) in distribution(&logits, &params) {
+                p[t as usize] = q;
+            }
+            p
+        };
+        assert_eq!(p[5], 0.0, "top-k 5 drops the least likely");
+        let rows: [&[f32]; 2] = [&logits, &logits];
+        let mut counts = [0.0; 5];
+        for seed in 0..100_000u64 {
+            let v = verify_logits(&rows, &[2], &params, seed, 3);
+            let first = v.tokens[0] as usize;
+            assert!(first < 5, "a token top-k dropped came out");
+            counts[first] += 1.0;
+        }
+        let expected: [f64; 5] = std::array::from_fn(|t| p[t]);
+        let chi2 = chi_squared(&counts, &expected);
+        assert!(
+            chi2 < CHI2_4_AT_001,
+            "chi2 {chi2}: {counts:?} against {expected:?}"
+        );
+        // Greedy is the argmax chain.
+        let greedy = SamplingParams::default();
+        assert_eq!(verify_logits(&rows, &[4], &greedy, 0, 0).tokens, vec![4, 4]);
+        assert_eq!(verify_logits(&rows, &[1], &greedy, 0, 0).tokens, vec![4]);
     }
 
     #[test]

@@ -14,8 +14,8 @@ pub mod weights;
 
 use super::{Backend, BackendError, BatchOutput, BatchSlice, Sampled};
 use crate::model::ModelFile;
-use crate::sample::{is_greedy, logprobs, sample};
-use crate::spec::verify_greedy;
+use crate::sample::{logprobs, sample};
+use crate::spec::verify_logits;
 use dot::Isa;
 use forward::Forward;
 use kv_cache::KvCache;
@@ -81,12 +81,6 @@ impl CpuBackend {
 
 impl Backend for CpuBackend {
     fn execute(&mut self, batch: &[BatchSlice<'_>]) -> Result<BatchOutput, BackendError> {
-        if let Some(s) = batch.iter().find(|s| s.draft > 0 && !is_greedy(s.params)) {
-            return Err(BackendError::Failed(format!(
-                "request {}: a speculative draft is verified only under greedy sampling so far",
-                s.id
-            )));
-        }
         let logits = self.forward.run(batch);
         let mut rows = logits.iter().peekable();
         let mut sampled = Vec::new();
@@ -101,15 +95,14 @@ impl Backend for CpuBackend {
             while let Some((_, row)) = rows.next_if(|(j, _)| *j == i) {
                 slice_rows.push(row);
             }
-            let targets: Vec<u32> = slice_rows
-                .iter()
-                .enumerate()
-                .map(|(k, l)| sample(l, s.params, seed, s.num_output_tokens + k))
-                .collect();
             let end = s.start + s.len;
             let draft = &s.tokens[end + 1 - slice_rows.len()..end];
-            let verified = verify_greedy(draft, &targets);
-            for (&token, row) in verified.tokens.iter().zip(&slice_rows) {
+            let tokens = if draft.is_empty() {
+                vec![sample(first, s.params, seed, s.num_output_tokens)]
+            } else {
+                verify_logits(&slice_rows, draft, s.params, seed, s.num_output_tokens).tokens
+            };
+            for (&token, row) in tokens.iter().zip(&slice_rows) {
                 sampled.push(Sampled {
                     id: s.id,
                     token,
