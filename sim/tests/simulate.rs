@@ -404,6 +404,19 @@ fn through_gateways(
     .unwrap()
 }
 
+/// 400 requests in 16 groups of a 1k-token system prompt.
+fn sixteen_groups_of_1k(seed: u64) -> Vec<kvgate_bench::Job> {
+    Workload::SharedPrefix {
+        groups: 16,
+        prompts_per_group: 25,
+        system_len: 1024,
+        question_len: 64,
+        output_len: 32,
+    }
+    .jobs(400, seed)
+    .unwrap()
+}
+
 /// How many replicas each prefix group's requests went to, on average.
 fn replicas_per_group(o: &Outcome) -> f64 {
     let mut groups: std::collections::BTreeMap<&str, std::collections::BTreeSet<&str>> =
@@ -422,15 +435,7 @@ fn a_replicas_first_report_does_not_make_the_groups_sent_to_it_look_cold() {
     // snapshot taken before it computed them) once erased the gateway's guesses, and the
     // groups' next requests split over 1.3 replicas each at 0.9 of capacity.
     for seed in [1, 2, 3] {
-        let jobs = Workload::SharedPrefix {
-            groups: 16,
-            prompts_per_group: 25,
-            system_len: 1024,
-            question_len: 64,
-            output_len: 32,
-        }
-        .jobs(400, seed)
-        .unwrap();
+        let jobs = sixteen_groups_of_1k(seed);
         let fleet = SimConfig {
             seed,
             ..config(4, 1)
@@ -444,15 +449,7 @@ fn a_replicas_first_report_does_not_make_the_groups_sent_to_it_look_cold() {
 
 #[test]
 fn gateways_that_exchange_decisions_agree_on_where_prefixes_live() {
-    let jobs = Workload::SharedPrefix {
-        groups: 16,
-        prompts_per_group: 25,
-        system_len: 1024,
-        question_len: 64,
-        output_len: 32,
-    }
-    .jobs(400, 2)
-    .unwrap();
+    let jobs = sixteen_groups_of_1k(2);
     let replicas_per_group = |exchange_delay_ms| {
         replicas_per_group(&through_gateways(8, exchange_delay_ms, &jobs, 390.0))
     };

@@ -252,7 +252,6 @@ fn a_prompt_gives_the_same_greedy_output_alone_or_among_16_others() {
 /// the draft's kept tokens, then the model's next (one step for several tokens).
 #[test]
 fn a_drafted_slice_keeps_the_tokens_the_model_would_have_chosen() {
-    use kvgate_worker::backend::Backend;
     let model = ModelFile::open(&default_model()).unwrap();
     let g = golden();
     let mut e = engine(&model, 1);
@@ -276,21 +275,7 @@ fn a_drafted_slice_keeps_the_tokens_the_model_would_have_chosen() {
             continue; // it ended early: nothing to draft past the end
         }
         let verify = |cpu: &mut CpuBackend, draft: &[u32]| -> Vec<u32> {
-            let tokens: Vec<u32> = prompt.iter().chain(draft).copied().collect();
-            let table: Vec<u32> = (1..=tokens.len().div_ceil(16) as u32).collect();
-            let slice = BatchSlice {
-                id: n as u64,
-                tokens: &tokens,
-                start: 0,
-                len: tokens.len(),
-                block_table: &table,
-                samples: true,
-                draft: draft.len(),
-                params: &params,
-                num_output_tokens: 0,
-            };
-            let out = cpu.execute(&[slice]).unwrap();
-            out.sampled.iter().map(|s| s.token).collect()
+            execute_drafted(cpu, prompt, draft, &params)
         };
         // The model's own 8 tokens as the draft: all kept, and the 9th comes with them.
         assert_eq!(
@@ -316,7 +301,22 @@ fn a_drafted_slice_keeps_the_tokens_the_model_would_have_chosen() {
     };
     let mut wrong = continuation[..4].to_vec();
     wrong[0] = (wrong[0] + 1) % model.params.vocab_size as u32;
-    let tokens: Vec<u32> = prompt.iter().chain(&wrong).copied().collect();
+    assert_eq!(
+        execute_drafted(&mut cpu, prompt, &wrong, &narrow),
+        continuation[..1],
+        "only the model's own first token"
+    );
+}
+
+/// One step of a fresh request: `prompt` then `draft`, the draft verified; the tokens it emits.
+fn execute_drafted(
+    cpu: &mut CpuBackend,
+    prompt: &[u32],
+    draft: &[u32],
+    params: &SamplingParams,
+) -> Vec<u32> {
+    use kvgate_worker::backend::Backend;
+    let tokens: Vec<u32> = prompt.iter().chain(draft).copied().collect();
     let table: Vec<u32> = (1..=tokens.len().div_ceil(16) as u32).collect();
     let slice = BatchSlice {
         id: 0,
@@ -325,16 +325,10 @@ fn a_drafted_slice_keeps_the_tokens_the_model_would_have_chosen() {
         len: tokens.len(),
         block_table: &table,
         samples: true,
-        draft: wrong.len(),
-        params: &narrow,
+        draft: draft.len(),
+        params,
         num_output_tokens: 0,
     };
-    let out: Vec<u32> = cpu
-        .execute(&[slice])
-        .unwrap()
-        .sampled
-        .iter()
-        .map(|s| s.token)
-        .collect();
-    assert_eq!(out, continuation[..1], "only the model's own first token");
+    let out = cpu.execute(&[slice]).unwrap();
+    out.sampled.iter().map(|s| s.token).collect()
 }
