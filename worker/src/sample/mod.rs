@@ -106,30 +106,24 @@ pub fn distribution(logits: &[f32], params: &SamplingParams) -> Vec<(u32, f64)> 
     }
     candidates.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     let max = candidates[0].1;
-    let mut probs: Vec<f64> = candidates
+    let mut probs: Vec<(u32, f64)> = candidates
         .iter()
-        .map(|c| f64::from(c.1 - max).exp())
+        .map(|&(token, v)| (token, f64::from(v - max).exp()))
         .collect();
-    let total: f64 = probs.iter().sum();
-    probs.iter_mut().for_each(|p| *p /= total);
+    let total: f64 = probs.iter().map(|p| p.1).sum();
     // Top-p: the smallest prefix whose mass reaches p.
-    let mut keep = probs.len();
     if params.top_p < 1.0 {
         let mut mass = 0.0;
-        for (i, p) in probs.iter().enumerate() {
-            mass += p;
-            if mass >= f64::from(params.top_p) {
-                keep = i + 1;
-                break;
-            }
+        if let Some(last) = probs.iter().position(|p| {
+            mass += p.1 / total;
+            mass >= f64::from(params.top_p)
+        }) {
+            probs.truncate(last + 1);
         }
     }
-    let kept: f64 = probs[..keep].iter().sum();
-    candidates[..keep]
-        .iter()
-        .zip(&probs)
-        .map(|(c, p)| (c.0, p / kept))
-        .collect()
+    let kept: f64 = probs.iter().map(|p| p.1).sum();
+    probs.iter_mut().for_each(|p| p.1 /= kept);
+    probs
 }
 
 #[cfg(test)]

@@ -7,27 +7,15 @@
 use super::{Drafter, NgramSettings};
 use lru::LruCache;
 use std::num::NonZeroUsize;
-use xxhash_rust::xxh3::xxh3_64;
 
 /// Tokens kept after each n-gram: the longest draft the cache can give.
 pub const MAX_CONTINUATION: usize = 16;
 
-#[derive(Debug)]
-struct Entry {
-    /// The n-gram itself, so that a hash collision drafts nothing rather than wrong tokens.
-    ngram: Box<[u32]>,
-    continuation: Box<[u32]>,
-}
-
+/// Each n-gram (the key itself, so that no two ever collide) and the tokens that followed it.
 #[derive(Debug)]
 pub struct SuffixCache {
     settings: NgramSettings,
-    entries: LruCache<u64, Entry>,
-}
-
-fn key(ngram: &[u32]) -> u64 {
-    let bytes: Vec<u8> = ngram.iter().flat_map(|t| t.to_le_bytes()).collect();
-    xxh3_64(&bytes)
+    entries: LruCache<Box<[u32]>, Box<[u32]>>,
 }
 
 impl SuffixCache {
@@ -51,13 +39,7 @@ impl SuffixCache {
                 }
                 let ngram = &tokens[start..from];
                 let continuation = &tokens[from..tokens.len().min(from + MAX_CONTINUATION)];
-                self.entries.put(
-                    key(ngram),
-                    Entry {
-                        ngram: ngram.into(),
-                        continuation: continuation.into(),
-                    },
-                );
+                self.entries.put(ngram.into(), continuation.into());
             }
         }
     }
@@ -78,10 +60,8 @@ impl Drafter for SuffixCache {
         let NgramSettings { min, max } = self.settings;
         for n in (min..=max.min(context.len())).rev() {
             let suffix = &context[context.len() - n..];
-            if let Some(entry) = self.entries.get(&key(suffix)) {
-                if *entry.ngram == *suffix {
-                    return entry.continuation[..k.min(entry.continuation.len())].to_vec();
-                }
+            if let Some(continuation) = self.entries.get(suffix) {
+                return continuation[..k.min(continuation.len())].to_vec();
             }
         }
         Vec::new()

@@ -91,24 +91,33 @@ impl Backend for CpuBackend {
                 .params
                 .seed
                 .unwrap_or(s.id.wrapping_mul(0x2545_F491_4F6C_DD1D));
+            let emit = |token: u32, row: &[f32]| Sampled {
+                id: s.id,
+                token,
+                logprobs: s.params.logprobs.map(|n| logprobs(row, token, n as usize)),
+            };
+            if s.draft == 0 {
+                // The common step: one row, one token, nothing to verify.
+                sampled.push(emit(
+                    sample(first, s.params, seed, s.num_output_tokens),
+                    first,
+                ));
+                continue;
+            }
             let mut slice_rows = vec![first];
             while let Some((_, row)) = rows.next_if(|(j, _)| *j == i) {
                 slice_rows.push(row);
             }
             let end = s.start + s.len;
             let draft = &s.tokens[end + 1 - slice_rows.len()..end];
-            let tokens = if draft.is_empty() {
-                vec![sample(first, s.params, seed, s.num_output_tokens)]
-            } else {
-                verify_logits(&slice_rows, draft, s.params, seed, s.num_output_tokens).tokens
-            };
-            for (&token, row) in tokens.iter().zip(&slice_rows) {
-                sampled.push(Sampled {
-                    id: s.id,
-                    token,
-                    logprobs: s.params.logprobs.map(|n| logprobs(row, token, n as usize)),
-                });
-            }
+            let verified = verify_logits(&slice_rows, draft, s.params, seed, s.num_output_tokens);
+            sampled.extend(
+                verified
+                    .tokens
+                    .iter()
+                    .zip(&slice_rows)
+                    .map(|(&token, row)| emit(token, row)),
+            );
         }
         Ok(BatchOutput {
             sampled,
