@@ -3,6 +3,7 @@
 mod bench_cli;
 mod keys;
 mod sim_cli;
+mod spec_cli;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -103,6 +104,8 @@ enum Command {
         model: PathBuf,
         #[arg(long, default_value = "smollm2")]
         served_model_name: String,
+        #[command(flatten)]
+        spec: spec_cli::SpecArgs,
     },
     /// Run an inference worker: the engine behind an OpenAI-compatible server.
     Worker {
@@ -159,6 +162,8 @@ enum Command {
         /// one when there is a catalog).
         #[arg(long)]
         max_loras: Option<usize>,
+        #[command(flatten)]
+        spec: spec_cli::SpecArgs,
     },
     /// Validate a gateway config file and report every error with its YAML path.
     CheckConfig { file: PathBuf },
@@ -305,7 +310,10 @@ fn run(command: Command) -> Result<(), String> {
             threads,
             model,
             served_model_name,
+            spec,
         } => {
+            // Checked here, so that a bad flag is one error rather than one per worker.
+            spec.config()?;
             if !model.exists() {
                 return Err(format!(
                     "model file {} not found (scripts/fetch-model fetches the default)",
@@ -324,6 +332,7 @@ fn run(command: Command) -> Result<(), String> {
                 threads: threads.max(1),
                 model,
                 served_model_name,
+                worker_args: spec.to_args(),
             })
         }
         Command::Worker {
@@ -346,7 +355,9 @@ fn run(command: Command) -> Result<(), String> {
             lora_adapters,
             lora_catalog,
             max_loras,
+            spec,
         } => {
+            let speculation = spec.config()?;
             let slots =
                 max_loras.unwrap_or(lora_adapters.len() + usize::from(!lora_catalog.is_empty()));
             let adapters = kvgate_worker::server::adapters::AdapterSet::new(
@@ -396,6 +407,7 @@ fn run(command: Command) -> Result<(), String> {
                 },
                 prefix_caching: !no_prefix_caching,
                 adapters,
+                speculation,
             })
         }
         Command::CheckConfig { file } => match kvgate_router::check_config(&file) {

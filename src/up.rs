@@ -20,6 +20,8 @@ pub struct UpConfig {
     pub threads: usize,
     pub model: PathBuf,
     pub served_model_name: String,
+    /// More flags for every worker (speculative decoding's).
+    pub worker_args: Vec<String>,
 }
 
 /// How long the fleet may take to come up (loading a model takes a few seconds).
@@ -282,6 +284,7 @@ fn agent_args(
     if config.backend == "cpu" {
         args.extend(["--threads".into(), config.threads.to_string()]);
     }
+    args.extend(config.worker_args.iter().cloned());
     args
 }
 

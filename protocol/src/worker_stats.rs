@@ -35,4 +35,30 @@ pub struct EngineStats {
     pub cached_prompt_tokens: u64,
     pub generated_tokens: u64,
     pub steps: u64,
+    /// Speculative decoding (all zero without it).
+    #[serde(default)]
+    pub spec: SpecStats,
+}
+
+/// Most drafted tokens per request per step; acceptance is counted per position up to it.
+pub const SPEC_POSITIONS: usize = 16;
+
+/// Speculative decoding's counters, as vLLM's `spec_decode` metrics count them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SpecStats {
+    /// Drafts verified (one per request per step that drafted).
+    pub drafts: u64,
+    pub draft_tokens: u64,
+    pub accepted_tokens: u64,
+    /// Drafts whose token at each position (0 first) was accepted.
+    pub accepted_per_pos: [u64; SPEC_POSITIONS],
+}
+
+impl SpecStats {
+    /// Tokens a verified draft yields on average, the model's own token included (vLLM's mean
+    /// acceptance length); `None` before the first draft.
+    pub fn mean_acceptance_length(&self) -> Option<f64> {
+        (self.drafts > 0).then(|| 1.0 + self.accepted_tokens as f64 / self.drafts as f64)
+    }
 }

@@ -1,6 +1,7 @@
 //! A request as the engine tracks it.
 
 use crate::kv::KvBlocks;
+use crate::spec::Acceptance;
 
 pub type RequestId = u64;
 
@@ -100,6 +101,8 @@ pub struct Request {
     pub block_hashes: Vec<u64>,
     pub kv: KvBlocks,
     pub preemptions: u32,
+    /// How its speculative drafts have fared.
+    pub acceptance: Acceptance,
 }
 
 impl Request {

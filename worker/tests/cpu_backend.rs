@@ -11,61 +11,19 @@
 //! (`attention.rs`, `ggml_math.rs`, `dot/`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use kvgate_protocol::HashSeed;
-use kvgate_worker::backend::cpu::{CpuBackend, CpuConfig};
+use kvgate_worker::backend::cpu::CpuBackend;
 use kvgate_worker::backend::BatchSlice;
 use kvgate_worker::model::template::TemplateMessage;
 use kvgate_worker::model::ModelFile;
-use kvgate_worker::sched::SchedulerConfig;
-use kvgate_worker::{Engine, EngineConfig, NewRequest, SamplingParams};
-use std::path::PathBuf;
+use kvgate_worker::{NewRequest, SamplingParams};
 
 mod common;
 
-use common::default_model;
+use common::{backend, default_model, engine, golden, greedy, ids, run};
 
 /// Prompts (of 20) whose 32-token greedy continuation must equal llama.cpp's (the issue's
 /// bar; measured: 20).
 const GREEDY_AGREEMENT: usize = 18;
-
-struct Golden {
-    cases: Vec<serde_json::Value>,
-    logits: Vec<f32>,
-}
-
-fn golden() -> Golden {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
-    let reference: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
-            .unwrap();
-    let bytes = std::fs::read(dir.join("logits.f16")).unwrap();
-    let logits = bytes
-        .chunks_exact(2)
-        .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-        .collect();
-    Golden {
-        cases: reference["cases"].as_array().unwrap().clone(),
-        logits,
-    }
-}
-
-fn backend(model: &ModelFile, threads: usize) -> CpuBackend {
-    CpuBackend::load(
-        &default_model(),
-        model,
-        &CpuConfig {
-            threads,
-            // Room for one request of the context length (2,048 tokens of 45 KiB).
-            kv_cache_bytes: 96 << 20,
-            block_size: 16,
-        },
-    )
-    .unwrap()
-}
-
-fn ids(case: &serde_json::Value) -> Vec<u32> {
-    serde_json::from_value(case["ids"].clone()).unwrap()
-}
 
 #[test]
 fn prompts_tokenize_and_render_as_llama_cpp_does() {
@@ -178,44 +136,6 @@ fn greedy_continuations_equal_llama_cpp() {
         agree >= GREEDY_AGREEMENT,
         "greedy continuations equal llama.cpp's on {agree} of 20 prompts"
     );
-}
-
-fn engine(model: &ModelFile, threads: usize) -> Engine<CpuBackend> {
-    let config = EngineConfig {
-        block_size: 16,
-        num_blocks: None,
-        max_model_len: 2048,
-        prefix_caching: true,
-        scheduler: SchedulerConfig {
-            max_num_batched_tokens: 512,
-            max_num_seqs: 32,
-            ..Default::default()
-        },
-        hash_seed: HashSeed::new("test", None, ""),
-        eos_token_ids: model.prompt.tokenizer.eos_token_id.into_iter().collect(),
-    };
-    Engine::new(config, backend(model, threads)).unwrap()
-}
-
-fn greedy(max_tokens: u32) -> SamplingParams {
-    SamplingParams {
-        max_tokens,
-        temperature: 0.0,
-        ..Default::default()
-    }
-}
-
-fn run(e: &mut Engine<CpuBackend>) -> std::collections::HashMap<u64, Vec<u32>> {
-    let mut out: std::collections::HashMap<u64, Vec<u32>> = Default::default();
-    while e.has_work() {
-        for t in e.step().unwrap().tokens {
-            // llama.cpp's continuation stops before the end-of-sequence token.
-            if t.finished != Some(kvgate_worker::FinishReason::Stop) {
-                out.entry(t.id).or_default().push(t.token);
-            }
-        }
-    }
-    out
 }
 
 #[test]

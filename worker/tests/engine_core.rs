@@ -3,37 +3,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use kvgate_protocol::HashSeed;
-use kvgate_worker::backend::profile::{Efficiency, Hardware, ModelCost, Profile};
 use kvgate_worker::backend::sim::SimBackend;
 use kvgate_worker::sched::SchedulerConfig;
 use kvgate_worker::{Engine, EngineConfig, EngineError, NewRequest, SamplingParams};
 use proptest::prelude::*;
 
-fn profile() -> Profile {
-    Profile {
-        name: "test".into(),
-        hardware: Hardware {
-            name: "t".into(),
-            memory_bandwidth_gb_s: 1000.0,
-            peak_tflops: 100.0,
-            memory_gib: 1.0,
-        },
-        model: ModelCost {
-            name: "m".into(),
-            parameters: 1e8,
-            weight_bytes: 2e8,
-            layers: 4,
-            hidden_size: 256,
-            kv_bytes_per_token: 1024.0,
-        },
-        efficiency: Efficiency {
-            bandwidth: 1.0,
-            compute: 1.0,
-        },
-        step_overhead_us: 0.0,
-        memory_utilization: 1.0,
-    }
-}
+mod common;
+use common::sim_profile as profile;
 
 fn engine(num_blocks: usize, batched_tokens: usize, max_model_len: usize) -> Engine<SimBackend> {
     let config = EngineConfig {

@@ -9,6 +9,7 @@ pub mod sim;
 use crate::kv::BlockId;
 use crate::request::{RequestId, SamplingParams};
 use crate::sample::TokenLogprobs;
+use crate::spec::StepCosts;
 use std::time::Duration;
 
 /// One request's part of a step.
@@ -62,6 +63,13 @@ pub trait Backend {
 
     /// KV blocks of `block_size` tokens this backend has room for.
     fn kv_capacity_blocks(&self, block_size: usize) -> usize;
+
+    /// What a step of 1 to `max_tokens` tokens costs, relative to one token, for speculative
+    /// decoding to weigh a draft's verification. Called before the first step, when the KV
+    /// cache holds nothing. A backend that cannot tell says linear, and nothing is drafted.
+    fn step_costs(&mut self, _max_tokens: usize) -> StepCosts {
+        StepCosts::linear()
+    }
 }
 
 impl Backend for Box<dyn Backend + Send> {
@@ -71,5 +79,9 @@ impl Backend for Box<dyn Backend + Send> {
 
     fn kv_capacity_blocks(&self, block_size: usize) -> usize {
         (**self).kv_capacity_blocks(block_size)
+    }
+
+    fn step_costs(&mut self, max_tokens: usize) -> StepCosts {
+        (**self).step_costs(max_tokens)
     }
 }

@@ -1,11 +1,14 @@
 //! The sim backend: no math, only timing. A step's duration comes from a [`Profile`], its
 //! tokens from a hash of the sequence so far, so output is deterministic whatever the batch.
 //! It never samples an end-of-sequence token: `max_tokens` ends generation. Its distribution is
-//! a point mass on that token, so asked for logprobs it reports 0 for it and nothing else.
+//! a point mass on that token, so asked for logprobs it reports 0 for it and nothing else, and
+//! a speculative draft is verified against it exactly (kept while it names the same tokens),
+//! the step priced as one of all its tokens.
 
 use super::profile::Profile;
 use super::{Backend, BackendError, BatchOutput, BatchSlice, Sampled};
 use crate::sample::TokenLogprobs;
+use crate::spec::{Drafter, StepCosts};
 use std::time::Duration;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -33,14 +36,14 @@ impl SimBackend {
         &self.profile
     }
 
-    fn token(&self, slice: &BatchSlice<'_>) -> u32 {
-        let tokens = slice.tokens;
+    /// The token that follows `tokens` under `seed`.
+    pub fn next_token(&self, tokens: &[u32], seed: Option<u64>) -> u32 {
         let window = &tokens[tokens.len().saturating_sub(SEED_WINDOW)..];
         let mut bytes = [0u8; SEED_WINDOW * 4];
         for (chunk, t) in bytes.chunks_exact_mut(4).zip(window) {
             chunk.copy_from_slice(&t.to_le_bytes());
         }
-        let seed = slice.params.seed.unwrap_or(0) ^ (tokens.len() as u64).rotate_left(32);
+        let seed = seed.unwrap_or(0) ^ (tokens.len() as u64).rotate_left(32);
         let span = u64::from(self.vocab_size - self.first_token);
         self.first_token + (xxh3_64_with_seed(&bytes[..window.len() * 4], seed) % span) as u32
     }
@@ -48,19 +51,16 @@ impl SimBackend {
 
 impl Backend for SimBackend {
     fn execute(&mut self, batch: &[BatchSlice<'_>]) -> Result<BatchOutput, BackendError> {
-        if batch.iter().any(|s| s.draft > 0) {
-            return Err(BackendError::Failed(
-                "the sim backend does not verify speculative drafts yet".into(),
-            ));
-        }
         let seconds = self
             .profile
             .step_seconds(batch.iter().map(|s| (s.start, s.len)));
-        let sampled = batch
-            .iter()
-            .filter(|s| s.samples)
-            .map(|s| {
-                let token = self.token(s);
+        let mut sampled = Vec::new();
+        for s in batch.iter().filter(|s| s.samples) {
+            let end = s.start + s.len;
+            let known = &s.tokens[..end];
+            // Each drafted position's own token, then the next; kept while the draft agrees.
+            for at in end - s.draft..=end {
+                let token = self.next_token(&known[..at], s.params.seed);
                 let logprobs = s.params.logprobs.map(|n| TokenLogprobs {
                     logprob: 0.0,
                     top: if n > 0 {
@@ -69,13 +69,16 @@ impl Backend for SimBackend {
                         Vec::new()
                     },
                 });
-                Sampled {
+                sampled.push(Sampled {
                     id: s.id,
                     token,
                     logprobs,
+                });
+                if known.get(at) != Some(&token) {
+                    break;
                 }
-            })
-            .collect();
+            }
+        }
         Ok(BatchOutput {
             sampled,
             modelled_duration: Some(Duration::from_secs_f64(seconds)),
@@ -84,5 +87,55 @@ impl Backend for SimBackend {
 
     fn kv_capacity_blocks(&self, block_size: usize) -> usize {
         self.profile.kv_capacity_tokens() / block_size.max(1)
+    }
+
+    /// From the profile: steps after a context of a typical chat turn.
+    fn step_costs(&mut self, max_tokens: usize) -> StepCosts {
+        const CONTEXT: usize = 1024;
+        let points = StepCosts::sizes_to_measure(max_tokens)
+            .into_iter()
+            .map(|n| (n, self.profile.step_seconds(std::iter::once((CONTEXT, n)))))
+            .collect();
+        StepCosts::from_points(points).unwrap_or_else(|_| StepCosts::linear())
+    }
+}
+
+/// A drafter for the sim backend at a chosen acceptance rate: it proposes the sim model's own
+/// continuation (as for requests without a seed), each token replaced by a wrong one with
+/// probability `1 - acceptance`, decided by a hash of the context so that runs repeat.
+#[derive(Clone)]
+pub struct SimDrafter {
+    model: SimBackend,
+    acceptance: f64,
+}
+
+impl SimDrafter {
+    pub fn new(model: SimBackend, acceptance: f64) -> Self {
+        SimDrafter {
+            model,
+            acceptance: acceptance.clamp(0.0, 1.0),
+        }
+    }
+}
+
+impl Drafter for SimDrafter {
+    fn propose(&mut self, context: &[u32], k: usize) -> Vec<u32> {
+        let mut known = context.to_vec();
+        for _ in 0..k {
+            let right = self.model.next_token(&known, None);
+            let coin = self.model.next_token(&known, Some(0xD1CE)) - self.model.first_token;
+            let span = self.model.vocab_size - self.model.first_token;
+            let wrong = f64::from(coin) / f64::from(span) >= self.acceptance;
+            known.push(if wrong {
+                self.model.first_token + (right - self.model.first_token + 1) % span
+            } else {
+                right
+            });
+        }
+        known.split_off(context.len())
+    }
+
+    fn clone_box(&self) -> Box<dyn Drafter> {
+        Box::new(self.clone())
     }
 }

@@ -1,13 +1,17 @@
 //! The engine as a step machine: `add_request`, `step`, `abort`. No clock and no I/O here, so
 //! the server drives it in real time and a simulator drives many in virtual time.
 
+mod speculate;
+
 use crate::backend::{Backend, BackendError, BatchSlice, Sampled};
 use crate::kv::KvManager;
 use crate::request::{FinishReason, Request, RequestId, RequestMap, SamplingParams};
 use crate::sample::TokenLogprobs;
 use crate::sched::{Scheduler, SchedulerConfig, StepPlan};
+use crate::spec::{Drafter, SpecConfig, StepCosts};
 use kvgate_protocol::kv_events::KvEvent;
 use kvgate_protocol::HashSeed;
+use speculate::Speculator;
 use std::time::Duration;
 
 #[derive(Debug, Clone)]
@@ -82,6 +86,7 @@ pub struct Engine<B: Backend> {
     requests: RequestMap<Request>,
     arrivals: u64,
     stats: EngineStats,
+    spec: Option<Speculator>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -115,7 +120,39 @@ impl<B: Backend> Engine<B> {
             requests: RequestMap::default(),
             arrivals: 0,
             stats: EngineStats::default(),
+            spec: None,
         })
+    }
+
+    /// Turns speculative decoding on with `drafter` (usually `config.drafter()`), weighing
+    /// drafts by the backend's step costs (measured now, before the first request). Returns
+    /// the costs.
+    pub fn enable_speculation(
+        &mut self,
+        config: SpecConfig,
+        drafter: Box<dyn Drafter>,
+    ) -> &StepCosts {
+        let costs = self
+            .backend
+            .step_costs(self.config.scheduler.max_num_batched_tokens);
+        self.enable_speculation_at(config, drafter, costs)
+    }
+
+    /// As [`Engine::enable_speculation`], with step costs given rather than measured (flat
+    /// costs make every draft worth verifying: for tests and what-ifs).
+    pub fn enable_speculation_at(
+        &mut self,
+        config: SpecConfig,
+        drafter: Box<dyn Drafter>,
+        costs: StepCosts,
+    ) -> &StepCosts {
+        self.spec
+            .insert(Speculator::new(config, drafter, costs))
+            .costs()
+    }
+
+    pub fn speculation(&self) -> Option<&SpecConfig> {
+        self.spec.as_ref().map(Speculator::config)
     }
 
     /// An independent copy, down to its KV pool and every request's block table: to look
@@ -141,6 +178,7 @@ impl<B: Backend> Engine<B> {
                     block_hashes: r.block_hashes.clone(),
                     kv: kv.adopt(&r.kv),
                     preemptions: r.preemptions,
+                    acceptance: r.acceptance,
                 };
                 (id, copy)
             })
@@ -153,6 +191,7 @@ impl<B: Backend> Engine<B> {
             requests,
             arrivals: self.arrivals,
             stats: self.stats.clone(),
+            spec: self.spec.clone(),
         }
     }
 
@@ -201,7 +240,11 @@ impl<B: Backend> Engine<B> {
             block_hashes: Vec::new(),
             kv: self.kv.empty_blocks(),
             preemptions: 0,
+            acceptance: Default::default(),
         };
+        if let Some(spec) = &mut self.spec {
+            spec.learn_prompt(&req.tokens);
+        }
         self.requests.insert(req.id, req);
         self.sched.add(new.id, &self.requests);
         Ok(())
@@ -215,7 +258,7 @@ impl<B: Backend> Engine<B> {
 
     /// Plans and computes one step.
     pub fn step(&mut self) -> Result<StepOutput, BackendError> {
-        let plan = self.sched.schedule(&mut self.requests, &self.kv);
+        let mut plan = self.sched.schedule(&mut self.requests, &self.kv);
         self.stats.preemptions += plan.preempted.len() as u64;
         if plan.is_empty() {
             return Ok(StepOutput {
@@ -224,6 +267,17 @@ impl<B: Backend> Engine<B> {
                 ..StepOutput::default()
             });
         }
+        if let Some(spec) = &mut self.spec {
+            let running = self.sched.num_running();
+            spec.draft(
+                &mut plan,
+                &mut self.requests,
+                &self.kv,
+                &self.config,
+                running,
+            );
+        }
+        let drafted = plan.slices.iter().any(|s| s.draft > 0);
         let batch: Vec<BatchSlice<'_>> = plan
             .slices
             .iter()
@@ -236,18 +290,38 @@ impl<B: Backend> Engine<B> {
                     len: s.len,
                     block_table: r.kv.ids(),
                     samples: s.samples,
-                    draft: 0,
+                    draft: s.draft,
                     params: &r.params,
                     num_output_tokens: r.num_output_tokens(),
                 })
             })
             .collect();
-        let output = self.backend.execute(&batch)?;
+        let output = self.backend.execute(&batch);
         drop(batch);
+        if drafted {
+            Speculator::undraft(&plan, &mut self.requests);
+        }
+        let output = match output {
+            Ok(output) => output,
+            Err(e) => {
+                Speculator::abandon(&plan, &mut self.requests, &self.kv);
+                return Err(e);
+            }
+        };
         self.stats.steps += 1;
+        let emitted = if drafted {
+            emitted_per_request(&output.sampled)
+        } else {
+            RequestMap::default()
+        };
         for s in &plan.slices {
             if let Some(req) = self.requests.get_mut(&s.id) {
-                req.num_computed_tokens = s.start + s.len;
+                req.num_computed_tokens = s.start + s.len - s.draft;
+                if let (Some(spec), true) = (&mut self.spec, s.draft > 0) {
+                    let n = emitted.get(&s.id).copied().unwrap_or(0);
+                    req.num_computed_tokens += spec.settle(s, n, req);
+                    self.kv.truncate(req, req.num_computed_tokens);
+                }
                 self.kv.commit(req);
             }
         }
@@ -300,6 +374,9 @@ impl<B: Backend> Engine<B> {
             num_output_tokens: req.num_output_tokens(),
         };
         if finished.is_some() {
+            if let Some(spec) = &mut self.spec {
+                spec.learn_output(req);
+            }
             self.abort(id);
         }
         Some(out)
@@ -313,6 +390,11 @@ impl<B: Backend> Engine<B> {
             kv_blocks_free: self.kv.free_blocks(),
             kv_blocks_cached: self.kv.cached_blocks(),
             block_size: self.kv.block_size(),
+            spec: self
+                .spec
+                .as_ref()
+                .map(|s| s.stats.clone())
+                .unwrap_or_default(),
             ..self.stats.clone()
         }
     }
@@ -336,4 +418,13 @@ impl<B: Backend> Engine<B> {
     pub fn check_kv(&self) -> Result<(), String> {
         self.kv.check(self.requests.values())
     }
+}
+
+/// Tokens each request got in a step.
+fn emitted_per_request(sampled: &[Sampled]) -> RequestMap<usize> {
+    let mut counts = RequestMap::default();
+    for s in sampled {
+        *counts.entry(s.id).or_insert(0) += 1;
+    }
+    counts
 }

@@ -182,6 +182,19 @@ impl KvManager {
         req.kv.num_cached = req.kv.num_cached.max(full);
     }
 
+    /// Shrinks the block table to the blocks holding its first `tokens` tokens, last block
+    /// first: the positions of a rejected draft go back. Cached blocks are never among them
+    /// (only blocks full of verified, computed tokens are cached).
+    pub fn truncate(&self, req: &mut Request, tokens: usize) {
+        let keep = tokens.div_ceil(self.block_size).max(req.kv.num_cached);
+        let mut pool = self.pool.borrow_mut();
+        while req.kv.ids.len() > keep {
+            if let Some(id) = req.kv.ids.pop() {
+                pool.release(id);
+            }
+        }
+    }
+
     /// Releases every block of the request (it was preempted or finished).
     pub fn free(&self, req: &mut Request) {
         req.kv = self.empty_blocks();

@@ -50,6 +50,9 @@ pub struct Slice {
     pub len: usize,
     /// The slice reaches the end of the known tokens: the step samples the next one.
     pub samples: bool,
+    /// Of `len`, the speculative draft appended by the engine after scheduling (see
+    /// [`crate::spec`]); the scheduler plans none.
+    pub draft: usize,
 }
 
 /// What one step computes.
@@ -246,5 +249,6 @@ fn slice(req: &Request, len: usize) -> Slice {
         start,
         len,
         samples: start + len == req.tokens.len(),
+        draft: 0,
     }
 }

@@ -3,7 +3,8 @@
 
 use crate::engine::EngineStats;
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntGauge, Registry, TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
 };
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -22,6 +23,11 @@ pub struct Metrics {
     prompt_tokens: Vec<IntCounter>,
     cached_prompt_tokens: IntCounter,
     generation_tokens: Vec<IntCounter>,
+    spec_drafts: Vec<IntCounter>,
+    spec_draft_tokens: Vec<IntCounter>,
+    spec_accepted_tokens: Vec<IntCounter>,
+    spec_accepted_per_pos: Vec<IntCounterVec>,
+    spec_mean_acceptance_length: Gauge,
     pub ttft: Vec<Histogram>,
     pub itl: Vec<Histogram>,
     pub e2e: Vec<Histogram>,
@@ -60,6 +66,17 @@ impl Metrics {
         let both_counter = |k: &str, v: &str, help: &str| -> prometheus::Result<Vec<IntCounter>> {
             Ok(vec![counter(k, help)?, counter(v, help)?])
         };
+        let both_per_pos =
+            |k: &str, v: &str, help: &str| -> prometheus::Result<Vec<IntCounterVec>> {
+                [k, v]
+                    .iter()
+                    .map(|name| {
+                        let c = IntCounterVec::new(Opts::new(*name, help), &["position"])?;
+                        reg(Box::new(c.clone()))?;
+                        Ok(c)
+                    })
+                    .collect()
+            };
         let both_hist = |k: &str, v: &str, help: &str| -> prometheus::Result<Vec<Histogram>> {
             Ok(vec![histogram(k, help)?, histogram(v, help)?])
         };
@@ -115,6 +132,30 @@ impl Metrics {
                 "kvgate_worker_generation_tokens_total",
                 "vllm:generation_tokens_total",
                 "Tokens generated",
+            )?,
+            spec_drafts: both_counter(
+                "kvgate_worker_spec_decode_drafts_total",
+                "vllm:spec_decode_num_drafts_total",
+                "Speculative drafts verified (one per request per step that drafted)",
+            )?,
+            spec_draft_tokens: both_counter(
+                "kvgate_worker_spec_decode_draft_tokens_total",
+                "vllm:spec_decode_num_draft_tokens_total",
+                "Drafted tokens verified",
+            )?,
+            spec_accepted_tokens: both_counter(
+                "kvgate_worker_spec_decode_accepted_tokens_total",
+                "vllm:spec_decode_num_accepted_tokens_total",
+                "Drafted tokens accepted",
+            )?,
+            spec_accepted_per_pos: both_per_pos(
+                "kvgate_worker_spec_decode_accepted_tokens_per_pos_total",
+                "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+                "Drafts whose token at this position (0 first) was accepted",
+            )?,
+            spec_mean_acceptance_length: gauge(
+                "kvgate_worker_spec_decode_mean_acceptance_length",
+                "Tokens per verified draft, the model's own included (1 + accepted / drafts)",
             )?,
             ttft: both_hist(
                 "kvgate_worker_time_to_first_token_seconds",
@@ -172,6 +213,33 @@ impl Metrics {
             before.generated_tokens,
             now.generated_tokens,
         );
+        let (was, is) = (&before.spec, &now.spec);
+        if is.drafts == was.drafts {
+            return;
+        }
+        add(&self.spec_drafts, was.drafts, is.drafts);
+        add(&self.spec_draft_tokens, was.draft_tokens, is.draft_tokens);
+        add(
+            &self.spec_accepted_tokens,
+            was.accepted_tokens,
+            is.accepted_tokens,
+        );
+        for (position, (a, b)) in was
+            .accepted_per_pos
+            .iter()
+            .zip(&is.accepted_per_pos)
+            .enumerate()
+        {
+            if b > a {
+                let label = position.to_string();
+                for c in &self.spec_accepted_per_pos {
+                    c.with_label_values(&[label.as_str()]).inc_by(b - a);
+                }
+            }
+        }
+        if let Some(mean) = is.mean_acceptance_length() {
+            self.spec_mean_acceptance_length.set(mean);
+        }
     }
 
     pub fn observe(histograms: &[Histogram], seconds: f64) {

@@ -17,6 +17,7 @@ use crate::backend::Backend;
 use crate::engine::{Engine, EngineConfig};
 use crate::model::ModelFile;
 use crate::sched::SchedulerConfig;
+use crate::spec::SpecConfig;
 use kvgate_protocol::HashSeed;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -55,6 +56,7 @@ pub struct WorkerConfig {
     pub prefix_caching: bool,
     /// LoRA adapter names served (sim backend only).
     pub adapters: adapters::AdapterSet,
+    pub speculation: Option<SpecConfig>,
 }
 
 /// Serves until the process ends.
@@ -116,8 +118,20 @@ pub fn run(config: WorkerConfig) -> Result<(), String> {
         metrics: metrics::Metrics::new().map_err(|e| e.to_string())?,
     });
     let (commands, rx) = tokio::sync::mpsc::channel(COMMAND_QUEUE);
+    let speculation = config.speculation.clone();
     let engine_thread = engine_loop::spawn(
-        move || Engine::new(engine_config, backend),
+        move || {
+            let mut engine = Engine::new(engine_config, backend)?;
+            if let Some(spec) = speculation {
+                let drafter = spec.drafter();
+                let costs = engine.enable_speculation(spec, drafter);
+                tracing::info!(
+                    step_costs = ?costs.points(),
+                    "speculative decoding on: step costs by tokens, relative to one"
+                );
+            }
+            Ok(engine)
+        },
         time_scale,
         rx,
         Arc::clone(&shared),

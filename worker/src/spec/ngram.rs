@@ -59,6 +59,10 @@ impl Drafter for NgramDrafter {
         }
         Vec::new()
     }
+
+    fn clone_box(&self) -> Box<dyn Drafter> {
+        Box::new(self.clone())
+    }
 }
 
 #[cfg(test)]

@@ -4,15 +4,19 @@
 //! entries, least recently used dropped first; a later occurrence of an n-gram replaces the
 //! earlier one's continuation.
 
-use super::{Drafter, NgramSettings};
+use super::{Drafter, NgramDrafter, NgramSettings};
 use lru::LruCache;
 use std::num::NonZeroUsize;
 
 /// Tokens kept after each n-gram: the longest draft the cache can give.
 pub const MAX_CONTINUATION: usize = 16;
 
+/// Tokens of a prompt the cache learns, its last ones: a long document's n-grams would push
+/// everything else out, and its own request drafts from it by prompt lookup anyway.
+pub const LEARNED_PROMPT_TAIL: usize = 1024;
+
 /// Each n-gram (the key itself, so that no two ever collide) and the tokens that followed it.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct SuffixCache {
     settings: NgramSettings,
     entries: LruCache<Box<[u32]>, Box<[u32]>>,
@@ -52,11 +56,9 @@ impl SuffixCache {
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
-}
 
-impl Drafter for SuffixCache {
     /// The continuation of the longest suffix of `context` the cache holds.
-    fn propose(&mut self, context: &[u32], k: usize) -> Vec<u32> {
+    pub fn propose(&mut self, context: &[u32], k: usize) -> Vec<u32> {
         let NgramSettings { min, max } = self.settings;
         for n in (min..=max.min(context.len())).rev() {
             let suffix = &context[context.len() - n..];
@@ -65,6 +67,46 @@ impl Drafter for SuffixCache {
             }
         }
         Vec::new()
+    }
+}
+
+/// The request's own context first (prompt lookup, the most specific evidence), then what
+/// every request before it said.
+#[derive(Debug, Clone)]
+pub struct SuffixDrafter {
+    lookup: NgramDrafter,
+    cache: SuffixCache,
+}
+
+impl SuffixDrafter {
+    pub fn new(settings: NgramSettings, entries: NonZeroUsize) -> Self {
+        SuffixDrafter {
+            lookup: NgramDrafter::new(settings),
+            cache: SuffixCache::new(settings, entries),
+        }
+    }
+}
+
+impl Drafter for SuffixDrafter {
+    fn propose(&mut self, context: &[u32], k: usize) -> Vec<u32> {
+        let own = self.lookup.propose(context, k);
+        if !own.is_empty() {
+            return own;
+        }
+        self.cache.propose(context, k)
+    }
+
+    fn learn_prompt(&mut self, prompt: &[u32]) {
+        self.cache
+            .learn(&prompt[prompt.len().saturating_sub(LEARNED_PROMPT_TAIL)..]);
+    }
+
+    fn learn_output(&mut self, tokens: &[u32]) {
+        self.cache.learn(tokens);
+    }
+
+    fn clone_box(&self) -> Box<dyn Drafter> {
+        Box::new(self.clone())
     }
 }
 
@@ -104,6 +146,22 @@ mod tests {
         // [1, 2]: the later sequence's continuation; [5, 1, 2]: only the first had it.
         assert_eq!(c.propose(&[0, 1, 2], 1), vec![8]);
         assert_eq!(c.propose(&[5, 1, 2], 1), vec![7]);
+    }
+
+    #[test]
+    fn the_drafter_prefers_the_requests_own_context_then_asks_the_cache() {
+        let settings = NgramSettings::new(2, 3).unwrap();
+        let mut d = SuffixDrafter::new(settings, NonZeroUsize::new(10_000).unwrap());
+        d.learn_output(&[4, 5, 6, 7, 8]);
+        // Its own context repeats [1, 2] followed by 3: that wins over the cache.
+        assert_eq!(d.propose(&[1, 2, 3, 9, 4, 5, 1, 2], 2), vec![3, 9]);
+        // Nothing of its own: what another request said after [4, 5].
+        assert_eq!(d.propose(&[0, 4, 5], 2), vec![6, 7]);
+        // A prompt's tail is learned, its head is not.
+        let long: Vec<u32> = (100..100 + LEARNED_PROMPT_TAIL as u32 + 10).collect();
+        d.learn_prompt(&long);
+        assert_eq!(d.propose(&[0, long[20], long[21]], 1), vec![long[22]]);
+        assert!(d.propose(&[0, long[1], long[2]], 1).is_empty());
     }
 
     #[test]

@@ -3,15 +3,21 @@
 //! (Leviathan et al., Chen et al.): a drafted token `x` is kept with probability
 //! `min(1, p(x) / q(x))`; at the first rejection the next token is drawn from `max(0, p - q)`
 //! normalised; when every drafted token is kept, a bonus token is drawn from the target's next
-//! distribution. A drafter without probabilities (prompt lookup, the suffix cache) is the
-//! point mass `q(x) = 1`. The emitted tokens are distributed exactly as the target's.
+//! distribution. The emitted tokens are distributed exactly as the target's.
+//!
+//! A drafter without probabilities (prompt lookup, the suffix cache) is the point mass
+//! `q(x) = 1`: keeping `x` with probability `p(x)` and otherwise drawing from `p` without `x`
+//! is the same as drawing the target's token and keeping `x` if they are equal. Drawn with the
+//! plain sampler's own draw for each output position, that makes a seeded request's output
+//! the same with speculation as without, token for token.
 
 use crate::request::SamplingParams;
-use crate::sample::{argmax, distribution, is_greedy, uniform};
+use crate::sample::sample;
 
 /// Verifies a deterministic draft (prompt lookup, the suffix cache) against the model's
 /// logits at each drafted position and the next (`draft.len() + 1` rows), under the request's
-/// sampling; the draws are keyed by (seed, the first drafted output position).
+/// sampling: each position's token is the one the plain sampler draws for that output
+/// position (`position` is the first drafted one's), and the draft is kept while it agrees.
 pub fn verify_logits(
     rows: &[&[f32]],
     draft: &[u32],
@@ -19,28 +25,19 @@ pub fn verify_logits(
     seed: u64,
     position: usize,
 ) -> Verified {
-    if is_greedy(params) {
-        let targets: Vec<u32> = rows.iter().map(|l| argmax(l)).collect();
-        return verify_greedy(draft, &targets);
+    assert_eq!(rows.len(), draft.len() + 1, "one row per position");
+    let mut tokens = Vec::with_capacity(rows.len());
+    for (i, row) in rows.iter().enumerate() {
+        let token = sample(row, params, seed, position + i);
+        tokens.push(token);
+        if draft.get(i) != Some(&token) {
+            break;
+        }
     }
-    let target: Vec<Vec<f64>> = rows
-        .iter()
-        .map(|l| {
-            let mut p = vec![0.0; l.len()];
-            for (token, q) in distribution(l, params) {
-                p[token as usize] = q;
-            }
-            p
-        })
-        .collect();
-    // A stream of its own per (seed, position), apart from a plain draw's.
-    let stream = seed ^ 0x5BEC_DEC0_DE5E_ED00;
-    let mut n = 0;
-    let draws = || {
-        n += 1;
-        uniform(stream.wrapping_add(n), position)
-    };
-    verify_sampled(draft, DraftProbs::PointMass, &target, draws)
+    Verified {
+        accepted: tokens.len() - 1,
+        tokens,
+    }
 }
 
 /// What a verification emits: the drafted tokens kept, then the target's own.
@@ -49,21 +46,6 @@ pub struct Verified {
     pub tokens: Vec<u32>,
     /// How many of `tokens` are the draft's (the rest, always one, is the target's).
     pub accepted: usize,
-}
-
-/// Greedy verification: `target` holds the target's argmax at each drafted position and one
-/// more (`draft.len() + 1` tokens).
-pub fn verify_greedy(draft: &[u32], target: &[u32]) -> Verified {
-    assert_eq!(
-        target.len(),
-        draft.len() + 1,
-        "one target token per position"
-    );
-    let accepted = draft.iter().zip(target).take_while(|(d, t)| d == t).count();
-    Verified {
-        tokens: target[..=accepted].to_vec(),
-        accepted,
-    }
 }
 
 /// The draft's distribution at each drafted position.
@@ -168,6 +150,7 @@ fn draw(weights: &[f64], total: f64, u: f64) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sample::distribution;
 
     /// SplitMix64 in [0, 1): a reproducible stream, so the statistics below cannot flake.
     fn stream(seed: u64) -> impl FnMut() -> f64 {
@@ -182,22 +165,64 @@ mod tests {
         }
     }
 
+    /// Logits whose argmax is each of `tokens` in turn.
+    fn peaked(tokens: &[u32]) -> Vec<Vec<f32>> {
+        tokens
+            .iter()
+            .map(|&t| (0..10).map(|i| if i == t { 5.0 } else { 0.0 }).collect())
+            .collect()
+    }
+
+    fn greedy(draft: &[u32], target: &[u32]) -> Verified {
+        let rows = peaked(target);
+        let rows: Vec<&[f32]> = rows.iter().map(Vec::as_slice).collect();
+        verify_logits(&rows, draft, &SamplingParams::default(), 0, 0)
+    }
+
     #[test]
     fn greedy_keeps_the_matching_prefix_then_the_targets_token() {
         assert_eq!(
-            verify_greedy(&[5, 6, 7], &[5, 6, 9, 1]),
+            greedy(&[5, 6, 7], &[5, 6, 9, 1]),
             Verified {
                 tokens: vec![5, 6, 9],
                 accepted: 2
             }
         );
-        assert_eq!(
-            verify_greedy(&[5, 6], &[5, 6, 4]).tokens,
-            vec![5, 6, 4],
-            "bonus"
-        );
-        assert_eq!(verify_greedy(&[], &[3]).tokens, vec![3]);
-        assert_eq!(verify_greedy(&[8], &[2, 3]).tokens, vec![2]);
+        assert_eq!(greedy(&[5, 6], &[5, 6, 4]).tokens, vec![5, 6, 4], "bonus");
+        assert_eq!(greedy(&[], &[3]).tokens, vec![3]);
+        assert_eq!(greedy(&[8], &[2, 3]).tokens, vec![2]);
+    }
+
+    /// With a seed, each position's token is the plain sampler's for that output position,
+    /// so speculation leaves a seeded request's output as it was.
+    #[test]
+    fn a_seeded_sampled_draft_emits_what_plain_sampling_would() {
+        let params = SamplingParams {
+            temperature: 1.0,
+            top_p: 0.9,
+            ..SamplingParams::default()
+        };
+        let rows: Vec<Vec<f32>> = (0..5)
+            .map(|r| (0..8).map(|t| ((t * 7 + r * 3) % 5) as f32 * 0.4).collect())
+            .collect();
+        let rows: Vec<&[f32]> = rows.iter().map(Vec::as_slice).collect();
+        for seed in 0..200u64 {
+            let plain: Vec<u32> = (0..5)
+                .map(|i| sample(rows[i], &params, seed, 10 + i))
+                .collect();
+            // The plain tokens as the draft: all kept, and the bonus is the plain fifth.
+            assert_eq!(
+                verify_logits(&rows, &plain[..4], &params, seed, 10).tokens,
+                plain
+            );
+            // A wrong second token: the plain first two, whatever was drafted after.
+            let mut wrong = plain[..4].to_vec();
+            wrong[1] = (wrong[1] + 1) % 8;
+            assert_eq!(
+                verify_logits(&rows, &wrong, &params, seed, 10).tokens,
+                plain[..2]
+            );
+        }
     }
 
     #[test]

@@ -1,6 +1,12 @@
 //! Shared by the worker's integration tests.
 #![allow(dead_code, clippy::panic)]
 
+use kvgate_protocol::HashSeed;
+use kvgate_worker::backend::cpu::{CpuBackend, CpuConfig};
+use kvgate_worker::backend::profile::{Efficiency, Hardware, ModelCost, Profile};
+use kvgate_worker::model::ModelFile;
+use kvgate_worker::sched::SchedulerConfig;
+use kvgate_worker::{Engine, EngineConfig, SamplingParams};
 use std::path::PathBuf;
 
 /// The default model, fetched by `scripts/fetch-model` (the test command runs it).
@@ -13,4 +19,124 @@ pub fn default_model() -> PathBuf {
         path.display()
     );
     path
+}
+
+/// A memory-bound GPU for the sim backend: a step of up to about 100 tokens costs about as
+/// much as one.
+pub fn sim_profile() -> Profile {
+    Profile {
+        name: "test".into(),
+        hardware: Hardware {
+            name: "t".into(),
+            memory_bandwidth_gb_s: 1000.0,
+            peak_tflops: 100.0,
+            memory_gib: 1.0,
+        },
+        model: ModelCost {
+            name: "m".into(),
+            parameters: 1e8,
+            weight_bytes: 2e8,
+            layers: 4,
+            hidden_size: 256,
+            kv_bytes_per_token: 1024.0,
+        },
+        efficiency: Efficiency {
+            bandwidth: 1.0,
+            compute: 1.0,
+        },
+        step_overhead_us: 0.0,
+        memory_utilization: 1.0,
+    }
+}
+
+/// The golden prompts and llama.cpp's first-step logits for them (`tests/golden`).
+pub struct Golden {
+    pub cases: Vec<serde_json::Value>,
+    pub logits: Vec<f32>,
+}
+
+pub fn golden() -> Golden {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    let bytes = std::fs::read(dir.join("logits.f16")).unwrap();
+    let logits = bytes
+        .chunks_exact(2)
+        .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+        .collect();
+    Golden {
+        cases: reference["cases"].as_array().unwrap().clone(),
+        logits,
+    }
+}
+
+/// Room for one request of the context length (2,048 tokens of 45 KiB).
+const KV_CACHE_BYTES: usize = 96 << 20;
+
+pub fn backend(model: &ModelFile, threads: usize) -> CpuBackend {
+    backend_with_cache(model, threads, KV_CACHE_BYTES)
+}
+
+pub fn backend_with_cache(model: &ModelFile, threads: usize, kv_cache_bytes: usize) -> CpuBackend {
+    CpuBackend::load(
+        &default_model(),
+        model,
+        &CpuConfig {
+            threads,
+            kv_cache_bytes,
+            block_size: 16,
+        },
+    )
+    .unwrap()
+}
+
+pub fn ids(case: &serde_json::Value) -> Vec<u32> {
+    serde_json::from_value(case["ids"].clone()).unwrap()
+}
+
+pub fn engine(model: &ModelFile, threads: usize) -> Engine<CpuBackend> {
+    engine_with_cache(model, threads, KV_CACHE_BYTES)
+}
+
+pub fn engine_with_cache(
+    model: &ModelFile,
+    threads: usize,
+    kv_cache_bytes: usize,
+) -> Engine<CpuBackend> {
+    let config = EngineConfig {
+        block_size: 16,
+        num_blocks: None,
+        max_model_len: 2048,
+        prefix_caching: true,
+        scheduler: SchedulerConfig {
+            max_num_batched_tokens: 512,
+            max_num_seqs: 32,
+            ..Default::default()
+        },
+        hash_seed: HashSeed::new("test", None, ""),
+        eos_token_ids: model.prompt.tokenizer.eos_token_id.into_iter().collect(),
+    };
+    Engine::new(config, backend_with_cache(model, threads, kv_cache_bytes)).unwrap()
+}
+
+pub fn greedy(max_tokens: u32) -> SamplingParams {
+    SamplingParams {
+        max_tokens,
+        temperature: 0.0,
+        ..Default::default()
+    }
+}
+
+pub fn run(e: &mut Engine<CpuBackend>) -> std::collections::HashMap<u64, Vec<u32>> {
+    let mut out: std::collections::HashMap<u64, Vec<u32>> = Default::default();
+    while e.has_work() {
+        for t in e.step().unwrap().tokens {
+            // llama.cpp's continuation stops before the end-of-sequence token.
+            if t.finished != Some(kvgate_worker::FinishReason::Stop) {
+                out.entry(t.id).or_default().push(t.token);
+            }
+        }
+    }
+    out
 }

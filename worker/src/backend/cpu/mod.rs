@@ -14,12 +14,14 @@ pub mod weights;
 
 use super::{Backend, BackendError, BatchOutput, BatchSlice, Sampled};
 use crate::model::ModelFile;
+use crate::request::SamplingParams;
 use crate::sample::{logprobs, sample};
-use crate::spec::verify_logits;
+use crate::spec::{verify_logits, StepCosts};
 use dot::Isa;
 use forward::Forward;
 use kv_cache::KvCache;
 use std::path::Path;
+use std::time::{Duration, Instant};
 use team::Team;
 use weights::{WeightError, Weights};
 
@@ -131,5 +133,49 @@ impl Backend for CpuBackend {
         } else {
             0
         }
+    }
+
+    /// Timed: verification steps of each size after a short context, in the blocks the
+    /// engine has not handed out yet; the best of a few runs each, against machine noise.
+    fn step_costs(&mut self, max_tokens: usize) -> StepCosts {
+        const CONTEXT: usize = 128;
+        const RUNS: usize = 2;
+        let sizes = StepCosts::sizes_to_measure(max_tokens);
+        let total = CONTEXT + sizes.last().copied().unwrap_or(1);
+        let blocks = total.div_ceil(self.block_size);
+        if blocks > self.num_blocks {
+            return StepCosts::linear();
+        }
+        let vocab = self.forward.weights.params.vocab_size as u32;
+        let tokens: Vec<u32> = (0..total as u32)
+            .map(|i| (i * 7919 + 100) % vocab)
+            .collect();
+        let table: Vec<u32> = (1..=blocks as u32).collect();
+        let params = SamplingParams::default();
+        let slice = |start: usize, len: usize| BatchSlice {
+            id: 0,
+            tokens: &tokens,
+            start,
+            len,
+            block_table: &table,
+            samples: true,
+            draft: len - 1,
+            params: &params,
+            num_output_tokens: 0,
+        };
+        self.forward.run(&[slice(0, CONTEXT)]);
+        let mut points = Vec::with_capacity(sizes.len());
+        for n in sizes {
+            let mut best = Duration::MAX;
+            for _ in 0..RUNS {
+                let started = Instant::now();
+                if self.execute(&[slice(CONTEXT, n)]).is_err() {
+                    return StepCosts::linear();
+                }
+                best = best.min(started.elapsed());
+            }
+            points.push((n, best.as_secs_f64()));
+        }
+        StepCosts::from_points(points).unwrap_or_else(|_| StepCosts::linear())
     }
 }

@@ -1,0 +1,190 @@
+//! The engine's side of speculative decoding. After the scheduler has planned a step, drafts
+//! are appended to its decode slices where verifying them pays (under the step budget and only
+//! with free blocks: a draft never preempts anyone); the draft tokens sit at the end of the
+//! request's tokens for the step alone. Afterwards they are taken back out, the tokens the
+//! backend kept are appended like any other, and the KV of rejected positions is given back.
+
+use super::EngineConfig;
+use crate::kv::KvManager;
+use crate::request::{Request, RequestMap};
+use crate::sched::{Slice, StepPlan};
+use crate::spec::plan::{choose, Offer};
+use crate::spec::{Acceptance, Drafter, SpecConfig, StepCosts};
+use kvgate_protocol::worker_stats::SpecStats;
+
+/// The engine-wide acceptance rate starts at this, as if seen `ENGINE_PRIOR_WEIGHT` times; a
+/// request's own starts at the engine-wide rate, as if seen `REQUEST_PRIOR_WEIGHT` times.
+const PRIOR: f64 = 0.5;
+const ENGINE_PRIOR_WEIGHT: f64 = 2.0;
+const REQUEST_PRIOR_WEIGHT: f64 = 4.0;
+/// Optimism while the engine has seen few drafts, `EXPLORE / sqrt(seen + 1)` on top of its
+/// rate: without it, a machine whose two-token step costs more than a prior-weighted draft
+/// earns would never draft, and so never learn that its traffic drafts well.
+const EXPLORE: f64 = 0.5;
+
+pub(super) struct Speculator {
+    config: SpecConfig,
+    drafter: Box<dyn Drafter>,
+    costs: StepCosts,
+    acceptance: Acceptance,
+    pub(super) stats: SpecStats,
+}
+
+impl Clone for Speculator {
+    fn clone(&self) -> Self {
+        Speculator {
+            config: self.config.clone(),
+            drafter: self.drafter.clone_box(),
+            costs: self.costs.clone(),
+            acceptance: self.acceptance,
+            stats: self.stats.clone(),
+        }
+    }
+}
+
+/// A decode slice's draft, before the choice of how much of it to verify.
+struct Candidate {
+    slice: usize,
+    tokens: Vec<u32>,
+}
+
+impl Speculator {
+    pub(super) fn new(config: SpecConfig, drafter: Box<dyn Drafter>, costs: StepCosts) -> Self {
+        Speculator {
+            drafter,
+            config,
+            costs,
+            acceptance: Acceptance::default(),
+            stats: SpecStats::default(),
+        }
+    }
+
+    pub(super) fn config(&self) -> &SpecConfig {
+        &self.config
+    }
+
+    pub(super) fn costs(&self) -> &StepCosts {
+        &self.costs
+    }
+
+    pub(super) fn learn_prompt(&mut self, prompt: &[u32]) {
+        self.drafter.learn_prompt(prompt);
+    }
+
+    /// A request finished with these tokens (prompt, then output).
+    pub(super) fn learn_output(&mut self, req: &Request) {
+        let from = req.num_prompt_tokens.saturating_sub(self.config.ngram.max);
+        self.drafter.learn_output(&req.tokens[from..]);
+    }
+
+    /// Appends drafts to the plan's decode slices where verification pays.
+    pub(super) fn draft(
+        &mut self,
+        plan: &mut StepPlan,
+        requests: &mut RequestMap<Request>,
+        kv: &KvManager,
+        engine: &EngineConfig,
+        running: usize,
+    ) {
+        if self.config.max_batch.is_some_and(|max| running > max) {
+            return;
+        }
+        let base_tokens = plan.num_tokens();
+        let room = engine
+            .scheduler
+            .max_num_batched_tokens
+            .saturating_sub(base_tokens);
+        let base_samples = plan.slices.iter().filter(|s| s.samples).count();
+        let engine_rate = (self.acceptance.rate(PRIOR, ENGINE_PRIOR_WEIGHT)
+            + EXPLORE / (self.acceptance.seen() + 1.0).sqrt())
+        .min(1.0);
+        // Each decode slice's room to draft, and its acceptance rate.
+        let mut open: Vec<(usize, usize, f64)> = Vec::new();
+        for (i, s) in plan.slices.iter().enumerate() {
+            let Some(req) = requests.get(&s.id) else {
+                continue;
+            };
+            if !s.samples || s.len != 1 || req.num_output_tokens() == 0 {
+                continue;
+            }
+            // Every kept token and the model's own must fit `max_tokens` and the context.
+            let left = (req.params.max_tokens as usize)
+                .saturating_sub(req.num_output_tokens())
+                .min(engine.max_model_len.saturating_sub(req.tokens.len()))
+                .saturating_sub(1);
+            let k = self.config.num_tokens.min(left);
+            if k > 0 {
+                let rate = req.acceptance.rate(engine_rate, REQUEST_PRIOR_WEIGHT);
+                open.push((i, k, rate));
+            }
+        }
+        let offer = |&(_, len, acceptance): &(usize, usize, f64)| Offer { acceptance, len };
+        // Were every draft full length, would any be verified? If not, none is proposed.
+        let bound: Vec<Offer> = open.iter().map(offer).collect();
+        if choose(&bound, base_tokens, base_samples, room, &self.costs)
+            .iter()
+            .all(|&n| n == 0)
+        {
+            return;
+        }
+        let mut candidates = Vec::new();
+        let mut offers = Vec::new();
+        for &(i, k, rate) in &open {
+            let Some(req) = requests.get(&plan.slices[i].id) else {
+                continue;
+            };
+            let tokens = self.drafter.propose(&req.tokens, k);
+            if !tokens.is_empty() {
+                offers.push(offer(&(i, tokens.len(), rate)));
+                candidates.push(Candidate { slice: i, tokens });
+            }
+        }
+        let counts = choose(&offers, base_tokens, base_samples, room, &self.costs);
+        for (c, n) in candidates.iter().zip(counts) {
+            let slice = &mut plan.slices[c.slice];
+            let Some(req) = requests.get_mut(&slice.id) else {
+                continue;
+            };
+            if n == 0 || !kv.allocate(req, slice.len + n) {
+                continue;
+            }
+            req.tokens.extend_from_slice(&c.tokens[..n]);
+            slice.len += n;
+            slice.draft = n;
+        }
+    }
+
+    /// Takes the drafts back out of the requests' tokens (after the step, failed or not).
+    pub(super) fn undraft(plan: &StepPlan, requests: &mut RequestMap<Request>) {
+        for s in plan.slices.iter().filter(|s| s.draft > 0) {
+            if let Some(req) = requests.get_mut(&s.id) {
+                req.tokens.truncate(s.start + s.len - s.draft);
+            }
+        }
+    }
+
+    /// The step failed: the blocks taken for drafts go back.
+    pub(super) fn abandon(plan: &StepPlan, requests: &mut RequestMap<Request>, kv: &KvManager) {
+        for s in plan.slices.iter().filter(|s| s.draft > 0) {
+            if let Some(req) = requests.get_mut(&s.id) {
+                kv.truncate(req, req.num_computed_tokens);
+            }
+        }
+    }
+
+    /// A verified draft: the backend emitted `emitted` tokens for the slice, the draft's kept
+    /// ones and the model's own. Returns the tokens of the draft kept.
+    pub(super) fn settle(&mut self, slice: &Slice, emitted: usize, req: &mut Request) -> usize {
+        let kept = emitted.saturating_sub(1).min(slice.draft);
+        req.acceptance.record(slice.draft, kept);
+        self.acceptance.record(slice.draft, kept);
+        let stats = &mut self.stats;
+        stats.drafts += 1;
+        stats.draft_tokens += slice.draft as u64;
+        stats.accepted_tokens += kept as u64;
+        for position in &mut stats.accepted_per_pos[..kept] {
+            *position += 1;
+        }
+        kept
+    }
+}
