@@ -9,6 +9,16 @@ use common::*;
 
 const GROUNDED: &str = "Repeat the following list exactly, one item per line:\napple\nbanana\ncherry\ndate\nelderberry\nfig\ngrape";
 
+/// A small CPU worker: one thread, a cache for one 1k-token request.
+const CPU: [&str; 6] = [
+    "--threads",
+    "1",
+    "--kv-cache-mib",
+    "64",
+    "--max-model-len",
+    "1024",
+];
+
 fn request(extra: serde_json::Value) -> serde_json::Value {
     let mut body = serde_json::json!({
         "model": MODEL,
@@ -24,26 +34,8 @@ fn request(extra: serde_json::Value) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_speculative_worker_answers_as_a_plain_one() {
-    let plain = SimWorker::start_cpu(&[
-        "--threads",
-        "1",
-        "--kv-cache-mib",
-        "64",
-        "--max-model-len",
-        "1024",
-    ])
-    .await;
-    let fast = SimWorker::start_cpu(&[
-        "--threads",
-        "1",
-        "--kv-cache-mib",
-        "64",
-        "--max-model-len",
-        "1024",
-        "--spec-method",
-        "ngram",
-    ])
-    .await;
+    let plain = SimWorker::start_cpu(&CPU).await;
+    let fast = SimWorker::start_cpu(&[&CPU[..], &["--spec-method", "ngram"]].concat()).await;
     let cases = [
         serde_json::json!({}),
         serde_json::json!({"temperature": 0.8, "top_p": 0.9, "seed": 7}),

@@ -2,7 +2,7 @@
 //! [`EngineAdapter`] names the paths to fetch and turns their bodies into an [`EngineLoad`].
 //! Parsing is pure (tested on recorded texts); fetching is the agent's.
 
-pub use kvgate_protocol::telemetry::EngineLoad;
+pub use kvgate_protocol::telemetry::{EngineLoad, SpecCounters};
 use kvgate_protocol::worker_stats::WorkerStats;
 use std::collections::BTreeMap;
 
@@ -89,6 +89,11 @@ impl EngineAdapter for Kvgate {
             kv_blocks_total: e.kv_blocks_total as u64,
             kv_blocks_used: e.kv_blocks_total.saturating_sub(e.kv_blocks_free) as u64,
             block_size: count(e.block_size),
+            spec: (e.spec.drafts > 0).then_some(SpecCounters {
+                drafts: e.spec.drafts,
+                draft_tokens: e.spec.draft_tokens,
+                accepted_tokens: e.spec.accepted_tokens,
+            }),
         })
     }
 }
@@ -133,6 +138,17 @@ impl EngineAdapter for Vllm {
             kv_blocks_total: total,
             kv_blocks_used: (usage * total as f64).round() as u64,
             block_size: label(cache, "block_size").unwrap_or(0) as u32,
+            spec: m
+                .value("vllm:spec_decode_num_drafts_total")
+                .map(|drafts| SpecCounters {
+                    drafts: drafts as u64,
+                    draft_tokens: m
+                        .value("vllm:spec_decode_num_draft_tokens_total")
+                        .unwrap_or(0.0) as u64,
+                    accepted_tokens: m
+                        .value("vllm:spec_decode_num_accepted_tokens_total")
+                        .unwrap_or(0.0) as u64,
+                }),
         })
     }
 }

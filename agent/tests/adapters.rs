@@ -181,3 +181,40 @@ async fn llamacpp_adapter_against_a_live_llama_server() {
     assert_eq!((s.kv_blocks_total, s.block_size), (1024, 1), "{s:?}");
     assert_eq!(s.models.len(), 1, "{s:?}");
 }
+
+#[test]
+fn speculative_decoding_counters_are_reported_from_each_engine_that_has_them() {
+    use kvgate_protocol::telemetry::SpecCounters;
+    use kvgate_protocol::worker_stats::{EngineStats, SpecStats, WorkerStats};
+    let metrics = "vllm:kv_cache_usage_perc 0.5\nvllm:spec_decode_num_drafts_total 10\n\
+                   vllm:spec_decode_num_draft_tokens_total 40\n\
+                   vllm:spec_decode_num_accepted_tokens_total 30\n";
+    let v = parse("vllm", &[Some(metrics.into()), None]);
+    let expected = SpecCounters {
+        drafts: 10,
+        draft_tokens: 40,
+        accepted_tokens: 30,
+    };
+    assert_eq!(v.spec, Some(expected));
+    assert_eq!(expected.acceptance_rate(), Some(0.75));
+    let plain = parse(
+        "vllm",
+        &[Some("vllm:kv_cache_usage_perc 0.5\n".into()), None],
+    );
+    assert_eq!(plain.spec, None, "no speculation, nothing reported");
+    let stats = WorkerStats {
+        model: "m".into(),
+        engine: EngineStats {
+            spec: SpecStats {
+                drafts: 10,
+                draft_tokens: 40,
+                accepted_tokens: 30,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let k = parse("kvgate", &[Some(serde_json::to_string(&stats).unwrap())]);
+    assert_eq!(k.spec, Some(expected));
+}

@@ -90,6 +90,25 @@ pub struct EngineLoad {
     pub kv_blocks_used: u64,
     /// Tokens per KV block (0 when the engine does not say).
     pub block_size: u32,
+    /// Speculative decoding's counters since the engine started, when it speculates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<SpecCounters>,
+}
+
+/// How an engine's speculative drafts fare (vLLM's `spec_decode` counters), cumulative.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpecCounters {
+    pub drafts: u64,
+    pub draft_tokens: u64,
+    pub accepted_tokens: u64,
+}
+
+impl SpecCounters {
+    /// Drafted tokens kept, over drafted tokens (`None` before the first draft).
+    pub fn acceptance_rate(&self) -> Option<f64> {
+        (self.draft_tokens > 0).then(|| self.accepted_tokens as f64 / self.draft_tokens as f64)
+    }
 }
 
 impl EngineLoad {

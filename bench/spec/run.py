@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""Speculative decoding on the CPU backend against llama.cpp's llama-server, same GGUF, same
+threads, same prompts, run back to back: kvgate without speculation and with each drafter,
+llama-server without and with each of its speculative modes. Two workloads: input-grounded
+(repeat, rewrite or reformat a given text, answer from a passage) and open chat; one stream
+at a time and 16 at once. Per cell: decode tokens/s (completion tokens after the first over
+the time from the first to the last streamed chunk, summed over requests), draft acceptance,
+and how many greedy outputs differ from kvgate's own without speculation. At 16 streams the
+figure is every completion token over the load's wall time (prefill included).
+
+Usage: bench/spec/run.py [--threads 1] [--max-tokens 128] [--rounds 2] [--out DIR]
+Needs `cargo build --release --bin kvgate` (done here) and `bench/peers/install-llama`.
+Every server started here runs in a session of its own and is stopped by its PID, also when
+the script is interrupted or fails.
+"""
+import argparse, json, os, signal, socket, subprocess, sys, tempfile, time, urllib.request
+import concurrent.futures as cf
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+PEERS = os.environ.get("KVGATE_PEERS", "/tmp/kvgate-peers")
+LLAMA = os.path.join(PEERS, "llama.cpp", "build", "bin", "llama-server")
+
+ITEMS = ["apple", "banana", "cherry", "date", "elderberry", "fig", "grape", "honeydew",
+         "kiwi", "lemon", "mango", "nectarine"]
+GROUNDED = [
+    "Repeat the following list exactly, one item per line:\n" + "\n".join(ITEMS),
+    "Rename the variable `items` to `values` and return the whole function:\n```python\n"
+    "def total(items):\n    result = 0\n    for item in items:\n        if item > 0:\n"
+    "            result += item\n    return result\n```",
+    "Reformat this JSON with two-space indentation:\n"
+    '{"name": "kvgate", "version": "0.1", "parts": ["gateway", "agent", "worker"], '
+    '"limits": {"streams": 16, "tokens": 2048}}',
+    "Copy this sentence and then translate nothing: The quick brown fox jumps over the lazy "
+    "dog while the cat sleeps on the warm windowsill.",
+    "Here is a passage: The river Elbe rises in the Krkonose mountains and flows through "
+    "Dresden and Hamburg into the North Sea. Quote the sentence of the passage that names "
+    "the cities.",
+    "Rewrite this list in reverse order:\n" + "\n".join(f"{i}. {w}" for i, w in enumerate(ITEMS[:8], 1)),
+    "Write the same Python function again, adding type hints:\n```python\n"
+    "def greet(name, times):\n    for _ in range(times):\n        print('hello', name)\n```",
+    "Extract every fruit from this text as a comma-separated list: I bought apples, a banana, "
+    "two cherries and some grapes, then a lemon and a mango.",
+]
+OPEN = [
+    "What is the capital of France?", "Tell me a short story about a dragon.",
+    "Why is the sky blue?", "Give me three tips for learning to cook.",
+    "What are the planets of the solar system?", "Explain what a computer is to a child.",
+    "Write a haiku about autumn.", "How do airplanes stay in the air?",
+]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One server process in a session of its own, stopped by its PID."""
+
+    def __init__(self, name, cmd, port, logs):
+        self.port, self.name = port, name
+        self.log = open(os.path.join(logs, f"{name}.log"), "w")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                     start_new_session=True)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{name} exited: see {self.log.name}")
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
+                return
+            except Exception:
+                time.sleep(0.3)
+        self.stop()
+        raise SystemExit(f"{name} never became healthy")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def chat(port, prompt, max_tokens):
+    """One greedy streamed chat completion: (text, completion tokens, decode seconds, timings)."""
+    body = json.dumps({"model": "smollm2", "messages": [{"role": "user", "content": prompt}],
+                       "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                       "stream_options": {"include_usage": True}}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    text, tokens, first, last, timings = [], None, None, None, {}
+    with urllib.request.urlopen(req, timeout=600) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            data = json.loads(line[6:])
+            if data.get("usage"):
+                tokens = data["usage"]["completion_tokens"]
+            timings = data.get("timings", timings)
+            for c in data.get("choices", []):
+                piece = (c.get("delta") or {}).get("content")
+                if piece:
+                    now = time.perf_counter()
+                    first = first or now
+                    last = now
+                    text.append(piece)
+    return "".join(text), tokens or 0, (last - first) if first else 0.0, timings
+
+
+def load(port, prompts, streams, max_tokens):
+    with cf.ThreadPoolExecutor(streams) as pool:
+        return list(pool.map(lambda p: chat(port, p, max_tokens), prompts))
+
+
+def metric(port, name):
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line.startswith(name):
+            key, _, value = line.rpartition(" ")
+            values[key] = float(value)
+    return values
+
+
+def configs(threads):
+    kv = lambda *extra: ["target/release/kvgate", "worker", "--backend", "cpu", "--threads",
+                         str(threads), "--max-num-seqs", "16", "--kv-cache-mib", "256",
+                         "--max-model-len", "4096", "--served-model-name", "smollm2", *extra]
+    llama = lambda *extra: [LLAMA, "-m", MODEL, "-t", str(threads), "-np", "16", "-c", "32768",
+                            "--metrics", *extra]
+    return [
+        ("kvgate", "kvgate", kv()),
+        ("kvgate ngram", "kvgate", kv("--spec-method", "ngram")),
+        ("kvgate suffix", "kvgate", kv("--spec-method", "suffix")),
+        ("llama-server", "llama", llama()),
+        ("llama-server ngram-simple", "llama", llama("--spec-type", "ngram-simple")),
+        ("llama-server ngram-mod", "llama", llama("--spec-type", "ngram-mod")),
+        ("llama-server ngram-map-k", "llama", llama("--spec-type", "ngram-map-k")),
+        ("llama-server draft (itself)", "llama", llama("-md", MODEL, "--spec-type", "draft-simple")),
+    ]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--only", help="comma-separated config names to run")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "spec", "results"))
+    args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    subprocess.run(["cargo", "build", "--release", "--bin", "kvgate"], cwd=ROOT, check=True)
+    logs = tempfile.mkdtemp(prefix="kvgate-spec-")
+    os.makedirs(args.out, exist_ok=True)
+    rows, reference = [], {}
+    chosen = configs(args.threads)
+    if args.only:
+        keep = set(args.only.split(","))
+        chosen = [c for c in chosen if c[0] in keep or c[0] == "kvgate"]
+    for rnd in range(args.rounds):
+        for name, kind, cmd in chosen:
+            port = free_port()
+            server = Server(name.replace(" ", "-").replace("(", "").replace(")", ""),
+                            [*cmd, "--port", str(port)], port, logs)
+            try:
+                for workload, prompts in (("grounded", GROUNDED), ("open chat", OPEN)):
+                    for streams in (1, 16):
+                        batch = prompts * (2 if streams == 16 else 1)
+                        before = metric(port, "kvgate_worker_spec_decode") if kind == "kvgate" else {}
+                        started = time.perf_counter()
+                        results = load(port, batch, streams, args.max_tokens)
+                        wall = time.perf_counter() - started
+                        after = metric(port, "kvgate_worker_spec_decode") if kind == "kvgate" else {}
+                        tokens = sum(max(n - 1, 0) for _, n, _, _ in results)
+                        seconds = sum(s for _, _, s, _ in results)
+                        # One stream: its decode rate; 16: all tokens over the load's wall time.
+                        rate = tokens / seconds if streams == 1 else sum(n for _, n, _, _ in results) / wall
+                        if kind == "kvgate":
+                            d = lambda k: after.get(k, 0) - before.get(k, 0)
+                            drafted = d("kvgate_worker_spec_decode_draft_tokens_total")
+                            kept = d("kvgate_worker_spec_decode_accepted_tokens_total")
+                            drafts = d("kvgate_worker_spec_decode_drafts_total")
+                            per_pos = [d(f'kvgate_worker_spec_decode_accepted_tokens_per_pos_total{{position="{i}"}}')
+                                       for i in range(8)]
+                        else:
+                            drafted = sum(t.get("draft_n", 0) for *_, t in results)
+                            kept = sum(t.get("draft_n_accepted", 0) for *_, t in results)
+                            drafts, per_pos = None, None
+                        texts = [t for t, *_ in results]
+                        key = (workload, streams)
+                        if name == "kvgate" and key not in reference:
+                            reference[key] = texts
+                        differ = sum(a != b for a, b in zip(texts, reference.get(key, texts)))
+                        row = dict(round=rnd + 1, config=name, workload=workload, streams=streams,
+                                   tok_s=round(rate, 1), drafted=drafted, accepted=kept,
+                                   acceptance=round(kept / drafted, 3) if drafted else None,
+                                   mean_accepted_length=round(1 + kept / drafts, 2) if drafts else None,
+                                   accepted_per_pos=per_pos, outputs_differ=differ,
+                                   outputs=len(texts))
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+            finally:
+                server.stop()
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
