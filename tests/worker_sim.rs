@@ -267,14 +267,7 @@ async fn kv_exhaustion_queues_and_preempts_but_every_request_completes() {
     }
     assert!(e["preemptions"].as_u64().unwrap() > 0, "{e}");
     assert_eq!(e["kv_blocks_free"], e["kv_blocks_total"], "{e}");
-    let metrics = client()
-        .get(format!("{}/metrics", w.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = w.metrics().await;
     assert!(metrics.contains("vllm:num_preemptions_total"));
     assert!(metrics.contains("vllm:kv_cache_usage_perc"));
     assert!(metrics.contains("vllm:num_requests_waiting"));

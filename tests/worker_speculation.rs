@@ -67,14 +67,7 @@ async fn drafts_are_counted_in_vllms_metrics() {
         let (s, r) = post(&w.url(), "/v1/completions", &body).await;
         assert_eq!(s, 200, "{r}");
     }
-    let metrics = client()
-        .get(format!("{}/metrics", w.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = w.metrics().await;
     let drafts = metric(&metrics, "vllm:spec_decode_num_drafts_total");
     assert!(drafts > 0.0, "{metrics}");
     assert_eq!(

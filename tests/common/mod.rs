@@ -196,6 +196,17 @@ impl SimWorker {
     pub async fn get(&self, path: &str) -> serde_json::Value {
         get_json(&format!("{}{path}", self.url())).await
     }
+
+    pub async fn metrics(&self) -> String {
+        client()
+            .get(format!("{}/metrics", self.url()))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
 }
 
 impl Upstream for SimWorker {
