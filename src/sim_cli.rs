@@ -1,6 +1,7 @@
 //! `kvgate sim` flags, and the run of each policy on the same arrivals.
 
 use crate::bench_cli::{LoadArgs, WorkloadArgs};
+use crate::spec_cli::SpecArgs;
 use clap::Args;
 use kvgate_bench::Summary;
 use kvgate_sim::{simulate_with_progress, Outcome, Policy, Progress, Router, SimConfig};
@@ -60,6 +61,11 @@ pub struct SimArgs {
     /// model's answers, which do.
     #[arg(long)]
     answers_retokenize: bool,
+    /// Speculative decoding in every replica's engine, as `kvgate worker --backend sim` takes
+    /// it: `--spec-method sim --spec-acceptance F` models a workload whose drafts keep F of
+    /// their tokens; ngram and suffix draft on the sim model's tokens.
+    #[command(flatten)]
+    spec: SpecArgs,
     #[command(flatten)]
     workload: WorkloadArgs,
     #[command(flatten)]
@@ -213,6 +219,7 @@ pub fn run(args: SimArgs) -> Result<(), String> {
         sample_interval_ms: args
             .sample_ms
             .unwrap_or(100 * args.replicas.div_ceil(64) as u64),
+        speculation: args.spec.config()?,
     };
     config.check()?;
     let jobs = workload.jobs(args.load.requests, args.load.seed)?;
@@ -225,8 +232,8 @@ pub fn run(args: SimArgs) -> Result<(), String> {
         bar.clear();
         Ok((outcome, started.elapsed().as_secs_f64()))
     };
-    println!("| policy | requests | P50 TTFT ms | P90 TTFT ms | cached ratio | max/min per replica | simulated s | wall s | events/s |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| policy | requests | P50 TTFT ms | P90 TTFT ms | P50 TPOT ms | cached ratio | max/min per replica | simulated s | wall s | events/s |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut results: Vec<(String, Summary)> = Vec::new();
     let mut outcomes: Vec<(String, Outcome)> = Vec::new();
     // The routers those runs used: a start is skipped only where the same router ran (a
@@ -282,10 +289,11 @@ pub fn run(args: SimArgs) -> Result<(), String> {
         };
         write(&dir, &summary, &outcome)?;
         println!(
-            "| {name} | {} | {:.1} | {:.1} | {:.3} | {:.2} | {:.2} | {wall:.2} | {:.0} |",
+            "| {name} | {} | {:.1} | {:.1} | {:.2} | {:.3} | {:.2} | {:.2} | {wall:.2} | {:.0} |",
             summary.requests,
             summary.ttft_s.p50 * 1e3,
             summary.ttft_s.p90 * 1e3,
+            summary.tpot_s.p50 * 1e3,
             summary.cached_token_ratio,
             summary.replica_imbalance,
             outcome.simulated_s,

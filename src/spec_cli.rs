@@ -13,6 +13,8 @@ pub enum SpecMethod {
     Suffix,
     /// A smaller model with the target's vocabulary (`--spec-draft-model`).
     Draft,
+    /// The sim backend's modelled drafts, kept at `--spec-acceptance` (fleet experiments).
+    Sim,
 }
 
 #[derive(clap::Args, Clone, Debug)]
@@ -33,6 +35,14 @@ pub struct SpecArgs {
     /// The draft model for `--spec-method draft` (GGUF, the target's vocabulary).
     #[arg(long)]
     pub spec_draft_model: Option<PathBuf>,
+    /// The draft model's KV cache, in MiB (requests that do not fit draft nothing; the least
+    /// recently drafted give way first).
+    #[arg(long, default_value_t = 256)]
+    pub spec_draft_kv_mib: usize,
+    /// The share of drafted tokens `--spec-method sim` gets right (0 to 1): what a workload's
+    /// drafts would keep (measure it on a real worker's `/metrics`).
+    #[arg(long)]
+    pub spec_acceptance: Option<f64>,
     /// No drafts while more requests than this run (default: where the measured step costs
     /// say verification stops paying).
     #[arg(long)]
@@ -45,10 +55,13 @@ pub struct SpecArgs {
 impl SpecArgs {
     /// The configuration, or why it is wrong; `None` without `--spec-method`.
     pub fn config(&self) -> Result<Option<SpecConfig>, String> {
+        if self.spec_draft_model.is_some() && self.spec_method != Some(SpecMethod::Draft) {
+            return Err("--spec-draft-model needs --spec-method draft".into());
+        }
+        if self.spec_acceptance.is_some() && self.spec_method != Some(SpecMethod::Sim) {
+            return Err("--spec-acceptance needs --spec-method sim".into());
+        }
         let Some(method) = self.spec_method else {
-            if self.spec_draft_model.is_some() {
-                return Err("--spec-draft-model needs --spec-method draft".into());
-            }
             return Ok(None);
         };
         let ngram = NgramSettings::new(self.spec_ngram_min, self.spec_ngram_max)
@@ -59,12 +72,28 @@ impl SpecArgs {
                 entries: NonZeroUsize::new(self.spec_suffix_entries)
                     .ok_or("--spec-suffix-entries must be at least 1")?,
             },
-            SpecMethod::Draft => {
-                return Err(match &self.spec_draft_model {
-                    None => "--spec-method draft needs --spec-draft-model FILE.gguf".into(),
-                    Some(_) => "--spec-method draft: the draft-model drafter is not built yet (use ngram or suffix)".into(),
-                })
-            }
+            SpecMethod::Draft => Method::Draft {
+                model: self
+                    .spec_draft_model
+                    .clone()
+                    .ok_or("--spec-method draft needs --spec-draft-model FILE.gguf")?,
+                kv_cache_bytes: self
+                    .spec_draft_kv_mib
+                    .checked_mul(1 << 20)
+                    .filter(|&b| b > 0)
+                    .ok_or("--spec-draft-kv-mib must be at least 1")?,
+            },
+            SpecMethod::Sim => match self.spec_acceptance {
+                Some(acceptance) if (0.0..=1.0).contains(&acceptance) => {
+                    Method::Modelled { acceptance }
+                }
+                Some(bad) => {
+                    return Err(format!(
+                        "--spec-acceptance must be between 0 and 1, got {bad}"
+                    ))
+                }
+                None => return Err("--spec-method sim needs --spec-acceptance F (0 to 1)".into()),
+            },
         };
         if self.spec_max_batch == Some(0) {
             return Err(
@@ -86,6 +115,7 @@ impl SpecArgs {
             SpecMethod::Ngram => "ngram",
             SpecMethod::Suffix => "suffix",
             SpecMethod::Draft => "draft",
+            SpecMethod::Sim => "sim",
         };
         let mut args = vec![
             "--spec-method".to_string(),
@@ -98,9 +128,14 @@ impl SpecArgs {
             self.spec_ngram_max.to_string(),
             "--spec-suffix-entries".into(),
             self.spec_suffix_entries.to_string(),
+            "--spec-draft-kv-mib".into(),
+            self.spec_draft_kv_mib.to_string(),
         ];
         if let Some(model) = &self.spec_draft_model {
             args.extend(["--spec-draft-model".into(), model.display().to_string()]);
+        }
+        if let Some(acceptance) = self.spec_acceptance {
+            args.extend(["--spec-acceptance".into(), acceptance.to_string()]);
         }
         if let Some(max) = self.spec_max_batch {
             args.extend(["--spec-max-batch".into(), max.to_string()]);

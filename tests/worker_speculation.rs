@@ -35,7 +35,13 @@ fn request(extra: serde_json::Value) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_speculative_worker_answers_as_a_plain_one() {
     let plain = SimWorker::start_cpu(&CPU).await;
-    let fast = SimWorker::start_cpu(&[&CPU[..], &["--spec-method", "ngram"]].concat()).await;
+    let cut = TempModel::cut(2);
+    let cut_path = cut.0.display().to_string();
+    let draft = ["--spec-method", "draft", "--spec-draft-model", &cut_path];
+    let fast = [
+        SimWorker::start_cpu(&[&CPU[..], &["--spec-method", "ngram"]].concat()).await,
+        SimWorker::start_cpu(&[&CPU[..], &draft].concat()).await,
+    ];
     let cases = [
         serde_json::json!({}),
         serde_json::json!({"temperature": 0.8, "top_p": 0.9, "seed": 7}),
@@ -46,13 +52,121 @@ async fn a_speculative_worker_answers_as_a_plain_one() {
     for case in cases {
         let body = request(case.clone());
         let (s1, a) = post(&plain.url(), "/v1/chat/completions", &body).await;
-        let (s2, b) = post(&fast.url(), "/v1/chat/completions", &body).await;
-        assert_eq!((s1, s2), (200, 200), "{a} {b}");
-        assert_eq!(a["choices"], b["choices"], "{case}");
-        assert_eq!(a["usage"], b["usage"], "{case}");
+        for fast in &fast {
+            let (s2, b) = post(&fast.url(), "/v1/chat/completions", &body).await;
+            assert_eq!((s1, s2), (200, 200), "{a} {b}");
+            assert_eq!(a["choices"], b["choices"], "{case}");
+            assert_eq!(a["usage"], b["usage"], "{case}");
+        }
     }
-    let stats = fast.get("/stats").await;
-    eprintln!("speculation on this machine: {}", stats["engine"]["spec"]);
+    for fast in &fast {
+        let stats = fast.get("/stats").await;
+        eprintln!("speculation on this machine: {}", stats["engine"]["spec"]);
+    }
+}
+
+/// A model file written for a test, removed with it.
+struct TempModel(std::path::PathBuf);
+
+impl TempModel {
+    fn path(name: &str) -> TempModel {
+        TempModel(std::env::temp_dir().join(format!("kvgate-{}-{name}", std::process::id())))
+    }
+
+    /// The default model cut to its first `layers` layers.
+    fn cut(layers: usize) -> TempModel {
+        let model = TempModel::path(&format!("cut-{layers}.gguf"));
+        kvgate_worker::model::cut_layers(&default_model(), &model.0, layers).unwrap();
+        model
+    }
+}
+
+impl Drop for TempModel {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn default_model() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+/// A worker whose backend cannot run its drafter (a draft model it cannot use, modelled drafts
+/// on a real backend, a draft model on the sim backend) stops at start, saying why.
+#[test]
+fn a_drafter_the_backend_cannot_run_stops_the_worker_at_start() {
+    let other_vocabulary = TempModel::path("vocab.gguf");
+    kvgate_worker::model::rewrite(&default_model(), &other_vocabulary.0, |g| {
+        let size = kvgate_worker::model::gguf::Value::U32(32_000);
+        g.metadata.insert("llama.vocab_size".into(), size);
+        Ok(())
+    })
+    .unwrap();
+    let vocab = other_vocabulary.0.display().to_string();
+    let draft =
+        |model: &str| ["--spec-method", "draft", "--spec-draft-model", model].map(String::from);
+    let modelled = ["--spec-method", "sim", "--spec-acceptance", "0.5"].map(String::from);
+    let cases = [
+        ("cpu", draft("/nonexistent/draft.gguf"), "cannot read"),
+        (
+            "cpu",
+            draft(&vocab),
+            "vocabulary has 32000 tokens, the target's 49152",
+        ),
+        ("sim", draft(&vocab), "cannot run a draft model"),
+        ("cpu", modelled, "need the sim backend"),
+    ];
+    for (backend, flags, expected) in cases {
+        let port = free_port().to_string();
+        let mut cmd = kvgate();
+        cmd.args(["worker", "--backend", backend, "--port", &port])
+            .args(CPU)
+            .args(&flags);
+        let name = format!("drafter-{backend}-{port}");
+        let mut worker = spawn(cmd, &name);
+        assert!(!worker.exits().success(), "{backend} {flags:?} started");
+        let stderr = std::fs::read_to_string(&worker.log).unwrap();
+        assert!(stderr.contains(expected), "{backend} {flags:?}: {stderr}");
+    }
+}
+
+/// The sim backend's modelled drafts: a workload's acceptance, the same tokens as without.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn modelled_drafts_keep_their_acceptance_and_change_no_token() {
+    let plain = SimWorker::start(&["--time-scale", "0.001"]).await;
+    let flags = |acceptance: &'static str| {
+        [
+            "--time-scale",
+            "0.001",
+            "--spec-method",
+            "sim",
+            "--spec-acceptance",
+            acceptance,
+        ]
+    };
+    let (always, never) = (
+        SimWorker::start(&flags("1")).await,
+        SimWorker::start(&flags("0")).await,
+    );
+    let prompt: Vec<u32> = (0..40).map(|i| 300 + i).collect();
+    let body =
+        serde_json::json!({"model": MODEL, "prompt": prompt, "max_tokens": 40, "ignore_eos": true});
+    let (_, expected) = post(&plain.url(), "/v1/completions", &body).await;
+    for w in [&always, &never] {
+        let (s, r) = post(&w.url(), "/v1/completions", &body).await;
+        assert_eq!(s, 200, "{r}");
+        assert_eq!(r["choices"], expected["choices"]);
+    }
+    let counts = |m: &str| {
+        (
+            metric(m, "vllm:spec_decode_num_draft_tokens_total"),
+            metric(m, "vllm:spec_decode_num_accepted_tokens_total"),
+        )
+    };
+    let (drafted, kept) = counts(&always.metrics().await);
+    assert!(drafted > 0.0 && kept == drafted, "{drafted} {kept}");
+    let (drafted, kept) = counts(&never.metrics().await);
+    assert!(kept == 0.0, "{drafted} {kept}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -88,7 +202,7 @@ async fn drafts_are_counted_in_vllms_metrics() {
 
 #[test]
 fn bad_speculation_flags_are_refused_at_start() {
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 9] = [
         (
             &["--spec-method", "ngram", "--spec-tokens", "0"],
             "between 1 and 16, got 0",
@@ -116,6 +230,15 @@ fn bad_speculation_flags_are_refused_at_start() {
         (
             &["--spec-method", "suffix", "--spec-suffix-entries", "0"],
             "at least 1",
+        ),
+        (&["--spec-method", "sim"], "needs --spec-acceptance"),
+        (
+            &["--spec-method", "sim", "--spec-acceptance", "1.5"],
+            "between 0 and 1, got 1.5",
+        ),
+        (
+            &["--spec-method", "ngram", "--spec-acceptance", "0.5"],
+            "needs --spec-method sim",
         ),
     ];
     for (flags, expected) in cases {

@@ -4,6 +4,7 @@
 //! to its engine; the gateway hashes them into the blocks the worker will report.
 
 pub mod gguf;
+mod gguf_write;
 mod request;
 mod segments;
 pub mod template;

@@ -3,6 +3,7 @@
 use kvgate_protocol::HashSeed;
 use kvgate_worker::backend::profile::Profile;
 use kvgate_worker::backend::sim::SimBackend;
+use kvgate_worker::spec::SpecConfig;
 use kvgate_worker::{Engine, EngineConfig};
 
 #[derive(Debug, Clone)]
@@ -48,6 +49,8 @@ pub struct SimConfig {
     pub exchange_delay_ms: Option<u64>,
     /// How often each replica's load and KV use is sampled for the timeline (0: never).
     pub sample_interval_ms: u64,
+    /// Speculative decoding in every engine (`Method::Modelled` for a workload's acceptance).
+    pub speculation: Option<SpecConfig>,
 }
 
 impl SimConfig {
@@ -74,6 +77,10 @@ impl SimConfig {
             eos_token_ids: Vec::new(),
         };
         let backend = SimBackend::new(self.profile.clone(), 1_000, 49_152);
-        Engine::new(engine_config, backend).map_err(|e| e.to_string())
+        let mut engine = Engine::new(engine_config, backend).map_err(|e| e.to_string())?;
+        if let Some(spec) = &self.speculation {
+            engine.enable_speculation(spec.clone())?;
+        }
+        Ok(engine)
     }
 }

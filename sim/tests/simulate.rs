@@ -5,6 +5,7 @@
 use kvgate_bench::{Load, Workload};
 use kvgate_sim::{search_oracle, simulate, Figure, Outcome, Policy, Router, SimConfig, Starts};
 use kvgate_worker::backend::profile::Profile;
+use kvgate_worker::spec::{Method, NgramSettings, SpecConfig};
 use std::path::Path;
 
 fn config(replicas: usize, gateways: usize) -> SimConfig {
@@ -29,6 +30,7 @@ fn config(replicas: usize, gateways: usize) -> SimConfig {
         answers_round_trip: true,
         sample_interval_ms: 100,
         exchange_delay_ms: None,
+        speculation: None,
     }
 }
 
@@ -130,6 +132,61 @@ fn closed_loop_and_multi_turn_sessions_run_turn_after_turn() {
         late.iter().all(|r| r.cached_tokens.unwrap() > 0),
         "sessions stick to their replica"
     );
+}
+
+/// Every replica drafting at `acceptance` (`None`: no speculation).
+fn speculating(acceptance: Option<f64>) -> SimConfig {
+    let ngram = NgramSettings::new(2, 4).unwrap();
+    SimConfig {
+        speculation: acceptance.map(|acceptance| {
+            SpecConfig::new(Method::Modelled { acceptance }, 8, ngram, None).unwrap()
+        }),
+        ..config(2, 1)
+    }
+}
+
+fn p50_tpot(o: &Outcome) -> f64 {
+    let mut tpot: Vec<f64> = o
+        .records
+        .iter()
+        .map(|r| (r.e2e_s - r.ttft_s.unwrap()) / (r.output_tokens.unwrap() - 1) as f64)
+        .collect();
+    tpot.sort_by(f64::total_cmp);
+    tpot[tpot.len() / 2]
+}
+
+#[test]
+fn speculation_shortens_decoding_as_its_acceptance_allows() {
+    let jobs = Workload::SharedPrefix {
+        groups: 4,
+        prompts_per_group: 10,
+        system_len: 512,
+        question_len: 32,
+        output_len: 64,
+    }
+    .jobs(40, 5)
+    .unwrap();
+    let run = |acceptance| {
+        let fleet = speculating(acceptance);
+        simulate(&fleet, &jobs, Load::Rate(4.0), &Router::RoundRobin).unwrap()
+    };
+    let plain = run(None);
+    let tpot = |o: &Outcome| p50_tpot(o) / p50_tpot(&plain);
+    let (never, half, mostly) = (run(Some(0.0)), run(Some(0.5)), run(Some(0.9)));
+    eprintln!(
+        "P50 TPOT over plain: acceptance 0: {:.3}, 0.5: {:.3}, 0.9: {:.3}",
+        tpot(&never),
+        tpot(&half),
+        tpot(&mostly)
+    );
+    for o in [&never, &half, &mostly] {
+        assert!(o.records.iter().all(|r| r.output_tokens == Some(64)));
+    }
+    // A verification step of a few tokens costs about one token's step on a GPU: the more
+    // kept, the shorter; drafts that are never kept soon stop being tried.
+    assert!(tpot(&mostly) < 0.5 * tpot(&half), "{}", tpot(&mostly));
+    assert!(tpot(&half) < 0.9, "{}", tpot(&half));
+    assert!(tpot(&never) < 1.1, "{}", tpot(&never));
 }
 
 #[test]

@@ -24,6 +24,8 @@ pub const BOUNDED_LOAD: &str = "  weights: {prefix: 3.0, ring: 1.0}
 pub struct Proc {
     pub child: Child,
     pub name: String,
+    /// Where its stderr goes.
+    pub log: std::path::PathBuf,
 }
 
 impl Proc {
@@ -96,6 +98,7 @@ pub fn spawn(mut cmd: Command, name: &str) -> Proc {
     Proc {
         child: cmd.spawn().unwrap(),
         name: name.to_string(),
+        log,
     }
 }
 
@@ -264,7 +267,9 @@ impl Gateway {
             admin_port,
             config,
         };
+        // Each listener is its own service, ready in its own time.
         wait_ok(&format!("{}/health", gw.url())).await;
+        wait_ok(&format!("{}/health", gw.admin())).await;
         gw.wait_until(|replicas| replicas.iter().all(|r| r["models"].is_array()))
             .await;
         gw

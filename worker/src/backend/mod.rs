@@ -9,7 +9,7 @@ pub mod sim;
 use crate::kv::BlockId;
 use crate::request::{RequestId, SamplingParams};
 use crate::sample::TokenLogprobs;
-use crate::spec::StepCosts;
+use crate::spec::{Drafter, Method, StepCosts};
 use std::time::Duration;
 
 /// One request's part of a step.
@@ -70,6 +70,29 @@ pub trait Backend {
     fn step_costs(&mut self, _max_tokens: usize) -> StepCosts {
         StepCosts::linear()
     }
+
+    /// The drafter of a method this backend runs itself (a draft model, the sim backend's
+    /// modelled drafts), or why it cannot.
+    fn drafter(&mut self, method: &Method) -> Result<Box<dyn Drafter>, String> {
+        Err(cannot_draft(method))
+    }
+}
+
+/// Why a backend cannot run `method`'s drafter.
+pub fn cannot_draft(method: &Method) -> String {
+    match method {
+        Method::Draft { model, .. } => format!(
+            "{}: this backend cannot run a draft model (the cpu backend can)",
+            model.display()
+        ),
+        Method::Modelled { .. } => {
+            "modelled drafts (--spec-method sim) need the sim backend: this one drafts for real"
+                .into()
+        }
+        Method::Ngram | Method::Suffix { .. } => {
+            format!("{method:?} drafts on tokens alone: the engine makes it, not the backend")
+        }
+    }
 }
 
 impl Backend for Box<dyn Backend + Send> {
@@ -83,5 +106,9 @@ impl Backend for Box<dyn Backend + Send> {
 
     fn step_costs(&mut self, max_tokens: usize) -> StepCosts {
         (**self).step_costs(max_tokens)
+    }
+
+    fn drafter(&mut self, method: &Method) -> Result<Box<dyn Drafter>, String> {
+        (**self).drafter(method)
     }
 }

@@ -6,9 +6,9 @@
 //! the step priced as one of all its tokens.
 
 use super::profile::Profile;
-use super::{Backend, BackendError, BatchOutput, BatchSlice, Sampled};
+use super::{cannot_draft, Backend, BackendError, BatchOutput, BatchSlice, Sampled};
 use crate::sample::TokenLogprobs;
-use crate::spec::{Drafter, StepCosts};
+use crate::spec::{Drafter, Method, StepCosts};
 use std::time::Duration;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -97,6 +97,15 @@ impl Backend for SimBackend {
             .map(|n| (n, self.profile.step_seconds(std::iter::once((CONTEXT, n)))))
             .collect();
         StepCosts::from_points(points).unwrap_or_else(|_| StepCosts::linear())
+    }
+
+    fn drafter(&mut self, method: &Method) -> Result<Box<dyn Drafter>, String> {
+        match method {
+            Method::Modelled { acceptance } => {
+                Ok(Box::new(SimDrafter::new(self.clone(), *acceptance)))
+            }
+            _ => Err(cannot_draft(method)),
+        }
     }
 }
 

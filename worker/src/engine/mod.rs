@@ -124,10 +124,19 @@ impl<B: Backend> Engine<B> {
         })
     }
 
-    /// Turns speculative decoding on with `drafter` (usually `config.drafter()`), weighing
-    /// drafts by the backend's step costs (measured now, before the first request). Returns
-    /// the costs.
-    pub fn enable_speculation(
+    /// Turns speculative decoding on with `config`'s drafter (a draft model is loaded by the
+    /// backend), weighing drafts by the backend's step costs (measured now, before the first
+    /// request). Returns the costs, or why the drafter cannot run.
+    pub fn enable_speculation(&mut self, config: SpecConfig) -> Result<&StepCosts, String> {
+        let drafter = match config.drafter() {
+            Some(drafter) => drafter,
+            None => self.backend.drafter(&config.method)?,
+        };
+        Ok(self.enable_speculation_with(config, drafter))
+    }
+
+    /// As [`Engine::enable_speculation`], with the drafter given.
+    pub fn enable_speculation_with(
         &mut self,
         config: SpecConfig,
         drafter: Box<dyn Drafter>,
@@ -203,6 +212,10 @@ impl<B: Backend> Engine<B> {
         &self.backend
     }
 
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
     pub fn has_work(&self) -> bool {
         self.sched.has_work()
     }
@@ -253,6 +266,9 @@ impl<B: Backend> Engine<B> {
     /// Removes a request at once; its blocks are free when this returns.
     pub fn abort(&mut self, id: RequestId) -> bool {
         self.sched.remove(id);
+        if let Some(spec) = &mut self.spec {
+            spec.forget(id);
+        }
         self.requests.remove(&id).is_some()
     }
 

@@ -6,10 +6,10 @@
 
 use super::EngineConfig;
 use crate::kv::KvManager;
-use crate::request::{Request, RequestMap};
+use crate::request::{Request, RequestId, RequestMap};
 use crate::sched::{Slice, StepPlan};
 use crate::spec::plan::{choose, Offer};
-use crate::spec::{Acceptance, Drafter, SpecConfig, StepCosts};
+use crate::spec::{Acceptance, DraftAsk, Drafter, SpecConfig, StepCosts};
 use kvgate_protocol::worker_stats::SpecStats;
 
 /// The engine-wide acceptance rate starts at this, as if seen `ENGINE_PRIOR_WEIGHT` times; a
@@ -71,6 +71,10 @@ impl Speculator {
         self.drafter.learn_prompt(prompt);
     }
 
+    pub(super) fn forget(&mut self, id: RequestId) {
+        self.drafter.forget(id);
+    }
+
     /// A request finished with these tokens (prompt, then output).
     pub(super) fn learn_output(&mut self, req: &Request) {
         let from = req.num_prompt_tokens.saturating_sub(self.config.ngram.max);
@@ -119,27 +123,48 @@ impl Speculator {
             }
         }
         let offer = |&(_, len, acceptance): &(usize, usize, f64)| Offer { acceptance, len };
-        // Were every draft full length, would any be verified? If not, none is proposed.
+        // Were every draft full length, how much of each would be verified? None: nothing is
+        // proposed. A drafter that costs proposes no more than that.
+        let draft_cost = self.drafter.cost_per_token();
         let bound: Vec<Offer> = open.iter().map(offer).collect();
-        if choose(&bound, base_tokens, base_samples, room, &self.costs)
-            .iter()
-            .all(|&n| n == 0)
-        {
+        let bound = choose(
+            &bound,
+            base_tokens,
+            base_samples,
+            room,
+            &self.costs,
+            draft_cost,
+        );
+        if bound.iter().all(|&n| n == 0) {
             return;
         }
-        let mut candidates = Vec::new();
-        let mut offers = Vec::new();
-        for &(i, k, rate) in &open {
-            let Some(req) = requests.get(&plan.slices[i].id) else {
+        let mut asked = Vec::new();
+        let mut asks = Vec::new();
+        for (&(i, k, rate), &n) in open.iter().zip(&bound) {
+            let k = if draft_cost > 0.0 { n } else { k };
+            let Some(req) = requests.get(&plan.slices[i].id).filter(|_| k > 0) else {
                 continue;
             };
-            let tokens = self.drafter.propose(&req.tokens, k);
+            asked.push((i, rate));
+            asks.push(DraftAsk {
+                id: req.id,
+                context: &req.tokens,
+                num_prompt_tokens: req.num_prompt_tokens,
+                k,
+            });
+        }
+        let drafts = self.drafter.propose_batch(&asks);
+        drop(asks);
+        let mut candidates = Vec::new();
+        let mut offers = Vec::new();
+        for (&(i, rate), tokens) in asked.iter().zip(drafts) {
             if !tokens.is_empty() {
                 offers.push(offer(&(i, tokens.len(), rate)));
                 candidates.push(Candidate { slice: i, tokens });
             }
         }
-        let counts = choose(&offers, base_tokens, base_samples, room, &self.costs);
+        // The drafts exist now: their cost is spent, only verification's counts.
+        let counts = choose(&offers, base_tokens, base_samples, room, &self.costs, 0.0);
         for (c, n) in candidates.iter().zip(counts) {
             let slice = &mut plan.slices[c.slice];
             let Some(req) = requests.get_mut(&slice.id) else {

@@ -1,6 +1,9 @@
 //! The model file: GGUF metadata, the tokenizer and chat template built from it, and the
 //! Llama hyperparameters.
 
+mod cut;
+
+pub use cut::{cut_layers, rewrite};
 pub use kvgate_prompt::{gguf, template, tokenizer, PromptError, PromptModel};
 
 use gguf::{Gguf, GgufError};

@@ -46,7 +46,7 @@ impl Shared {
 /// Starts the engine thread and waits until the engine is built on it (its KV blocks are not
 /// shared across threads); an engine that cannot be built is the error.
 pub fn spawn(
-    make_engine: impl FnOnce() -> Result<WorkerEngine, EngineError> + Send + 'static,
+    make_engine: impl FnOnce() -> Result<WorkerEngine, String> + Send + 'static,
     time_scale: f64,
     mut commands: mpsc::Receiver<Command>,
     shared: Arc<Shared>,
@@ -59,7 +59,7 @@ pub fn spawn(
                 engine
             }
             Err(e) => {
-                let _ = built_tx.send(Err(e.to_string()));
+                let _ = built_tx.send(Err(e));
                 return;
             }
         };

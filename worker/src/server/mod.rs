@@ -121,10 +121,11 @@ pub fn run(config: WorkerConfig) -> Result<(), String> {
     let speculation = config.speculation.clone();
     let engine_thread = engine_loop::spawn(
         move || {
-            let mut engine = Engine::new(engine_config, backend)?;
+            let mut engine = Engine::new(engine_config, backend).map_err(|e| {
+                format!("{e} (flags: --kv-cache-mib or --num-blocks, --max-model-len)")
+            })?;
             if let Some(spec) = speculation {
-                let drafter = spec.drafter();
-                let costs = engine.enable_speculation(spec, drafter);
+                let costs = engine.enable_speculation(spec)?;
                 tracing::info!(
                     step_costs = ?costs.points(),
                     "speculative decoding on: step costs by tokens, relative to one"
@@ -135,8 +136,7 @@ pub fn run(config: WorkerConfig) -> Result<(), String> {
         time_scale,
         rx,
         Arc::clone(&shared),
-    )
-    .map_err(|e| format!("{e} (flags: --kv-cache-mib or --num-blocks, --max-model-len)"))?;
+    )?;
     if config.adapters.max_loras() > 0 && !matches!(config.backend, BackendChoice::Sim { .. }) {
         return Err("LoRA adapters need adapter weights, which only the sim backend does without (the cpu backend cannot load them yet)".into());
     }

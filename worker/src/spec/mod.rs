@@ -14,13 +14,41 @@ pub use plan::{Acceptance, StepCosts};
 pub use suffix::{SuffixCache, SuffixDrafter, MAX_CONTINUATION};
 pub use verify::{verify_logits, verify_sampled, DraftProbs, Verified};
 
+use crate::request::RequestId;
 use std::num::NonZeroUsize;
+use std::path::PathBuf;
+
+/// One request's turn to be drafted for.
+#[derive(Debug, Clone, Copy)]
+pub struct DraftAsk<'a> {
+    pub id: RequestId,
+    /// The request's prompt, then its output so far.
+    pub context: &'a [u32],
+    pub num_prompt_tokens: usize,
+    /// Most tokens to propose.
+    pub k: usize,
+}
 
 /// Proposes the tokens likely to follow a request's context (its prompt and output so far).
 pub trait Drafter: Send {
     /// At most `k` tokens that may follow `context`; empty when it has no guess. The caller
     /// bounds `k` by the room the request has left (`max_tokens`, the model's context).
     fn propose(&mut self, context: &[u32], k: usize) -> Vec<u32>;
+
+    /// Drafts for a step's requests, in order (a draft model runs them as one batch and keeps
+    /// each request's state between steps); by default one by one.
+    fn propose_batch(&mut self, asks: &[DraftAsk<'_>]) -> Vec<Vec<u32>> {
+        asks.iter().map(|a| self.propose(a.context, a.k)).collect()
+    }
+
+    /// What drafting one token costs, relative to a one-token step of the target: the
+    /// engine proposes no longer drafts than verifying them is worth with this on top.
+    fn cost_per_token(&self) -> f64 {
+        0.0
+    }
+
+    /// The request is gone (finished or aborted): what was kept for it can go.
+    fn forget(&mut self, _id: RequestId) {}
 
     /// A request arrived with this prompt.
     fn learn_prompt(&mut self, _prompt: &[u32]) {}
@@ -37,16 +65,26 @@ pub trait Drafter: Send {
 pub const MAX_SPEC_TOKENS: usize = kvgate_protocol::worker_stats::SPEC_POSITIONS;
 
 /// Which drafter proposes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Method {
     /// Prompt lookup in the request's own context (vLLM's `ngram`).
     Ngram,
     /// Prompt lookup, then a suffix cache of every request's prompt and output.
     Suffix { entries: NonZeroUsize },
+    /// A smaller model with the target's vocabulary, greedy, run by the target's backend with
+    /// its own KV cache of `kv_cache_bytes`.
+    Draft {
+        model: PathBuf,
+        kv_cache_bytes: usize,
+    },
+    /// The sim backend's drafts: its own model's continuation, each token right with
+    /// probability `acceptance` (the share a workload's drafts would keep), for fleet
+    /// experiments.
+    Modelled { acceptance: f64 },
 }
 
 /// Speculation as configured: the drafter, its lengths, and when it stops.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SpecConfig {
     pub method: Method,
     /// Most drafted tokens per request per step (`--spec-tokens`).
@@ -77,10 +115,13 @@ impl SpecConfig {
         })
     }
 
-    pub fn drafter(&self) -> Box<dyn Drafter> {
+    /// The drafter of a method that works on tokens alone (`None` for a draft model or
+    /// modelled drafts: the backend runs those, see `Backend::drafter`).
+    pub fn drafter(&self) -> Option<Box<dyn Drafter>> {
         match self.method {
-            Method::Ngram => Box::new(NgramDrafter::new(self.ngram)),
-            Method::Suffix { entries } => Box::new(SuffixDrafter::new(self.ngram, entries)),
+            Method::Ngram => Some(Box::new(NgramDrafter::new(self.ngram))),
+            Method::Suffix { entries } => Some(Box::new(SuffixDrafter::new(self.ngram, entries))),
+            Method::Draft { .. } | Method::Modelled { .. } => None,
         }
     }
 }

@@ -124,13 +124,15 @@ pub struct Offer {
 const MARGIN: f64 = 1.02;
 
 /// Drafted tokens to verify of each offer, for a step that already computes `base_tokens`
-/// tokens and samples `base_samples` of them, with room for `room` more.
+/// tokens and samples `base_samples` of them, with room for `room` more; each drafted token
+/// costs `draft_cost` on top of its verification (zero once the drafts exist).
 pub fn choose(
     offers: &[Offer],
     base_tokens: usize,
     base_samples: usize,
     room: usize,
     costs: &StepCosts,
+    draft_cost: f64,
 ) -> Vec<usize> {
     let mut values: Vec<(f64, usize)> = offers
         .iter()
@@ -144,7 +146,9 @@ pub fn choose(
     // chosen set is a prefix of each draft.
     values.sort_by(|a, b| b.0.total_cmp(&a.0));
     values.truncate(room);
-    let rate = |tokens: f64, extra: usize| tokens / costs.cost(base_tokens + extra);
+    let rate = |tokens: f64, extra: usize| {
+        tokens / (costs.cost(base_tokens + extra) + draft_cost * extra as f64)
+    };
     let plain = rate(base_samples as f64, 0);
     let (mut best, mut best_rate) = (0, plain * MARGIN);
     let mut expected = base_samples as f64;
@@ -205,16 +209,32 @@ mod tests {
             len: 8,
         };
         // Wide kernels at batch 1: a likely draft is verified in full.
-        assert_eq!(choose(&[sure], 1, 1, 100, &wide()), vec![7]);
+        assert_eq!(choose(&[sure], 1, 1, 100, &wide(), 0.0), vec![7]);
         // On AMD's costs a 2-token step costs 1.4 steps: an unlikely draft is not worth it.
-        assert_eq!(choose(&[doubtful], 1, 1, 100, &amd()), vec![0]);
-        assert!(choose(&[sure], 1, 1, 100, &amd())[0] > 0);
+        assert_eq!(choose(&[doubtful], 1, 1, 100, &amd(), 0.0), vec![0]);
+        assert!(choose(&[sure], 1, 1, 100, &amd(), 0.0)[0] > 0);
         // Linear costs: never.
-        assert_eq!(choose(&[sure], 1, 1, 100, &StepCosts::linear()), vec![0]);
+        assert_eq!(
+            choose(&[sure], 1, 1, 100, &StepCosts::linear(), 0.0),
+            vec![0]
+        );
         // The budget bounds it.
-        assert_eq!(choose(&[sure], 1, 1, 3, &wide()), vec![3]);
+        assert_eq!(choose(&[sure], 1, 1, 3, &wide(), 0.0), vec![3]);
         // A batch that already fills the kernels gains nothing from a draft that may fail.
-        assert_eq!(choose(&[sure], 64, 64, 100, &wide()), vec![0]);
+        assert_eq!(choose(&[sure], 64, 64, 100, &wide(), 0.0), vec![0]);
+    }
+
+    #[test]
+    fn a_costly_drafter_drafts_shorter_or_not_at_all() {
+        let sure = Offer {
+            acceptance: 0.8,
+            len: 8,
+        };
+        let free = choose(&[sure], 1, 1, 100, &wide(), 0.0)[0];
+        let cheap = choose(&[sure], 1, 1, 100, &wide(), 0.1)[0];
+        assert!(0 < cheap && cheap < free, "{cheap} {free}");
+        // A draft model as costly as the target never pays at this acceptance.
+        assert_eq!(choose(&[sure], 1, 1, 100, &wide(), 1.0), vec![0]);
     }
 
     #[test]
@@ -229,7 +249,7 @@ mod tests {
                 len: 6,
             },
         ];
-        let counts = choose(&offers, 2, 2, 100, &wide());
+        let counts = choose(&offers, 2, 2, 100, &wide(), 0.0);
         assert!(counts[0] > counts[1], "{counts:?}");
     }
 
@@ -256,7 +276,7 @@ mod tests {
         ) {
             let offers: Vec<Offer> =
                 offers.iter().map(|&(acceptance, len)| Offer { acceptance, len }).collect();
-            let counts = choose(&offers, base, base, room, &wide());
+            let counts = choose(&offers, base, base, room, &wide(), 0.0);
             prop_assert_eq!(counts.len(), offers.len());
             prop_assert!(counts.iter().sum::<usize>() <= room);
             for (c, o) in counts.iter().zip(&offers) {

@@ -6,6 +6,7 @@ use kvgate_worker::backend::cpu::{CpuBackend, CpuConfig};
 use kvgate_worker::backend::profile::{Efficiency, Hardware, ModelCost, Profile};
 use kvgate_worker::model::ModelFile;
 use kvgate_worker::sched::SchedulerConfig;
+use kvgate_worker::spec::{DraftAsk, Drafter};
 use kvgate_worker::{Engine, EngineConfig, SamplingParams};
 use std::path::PathBuf;
 
@@ -139,4 +140,41 @@ pub fn run(e: &mut Engine<CpuBackend>) -> std::collections::HashMap<u64, Vec<u32
         }
     }
     out
+}
+
+/// A file in the temporary directory, removed when dropped.
+pub struct TempFile(pub PathBuf);
+
+impl TempFile {
+    pub fn new(name: &str) -> TempFile {
+        TempFile(std::env::temp_dir().join(format!("kvgate-{}-{name}", std::process::id())))
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// A drafter whose drafts are taken as free, so that every one is verified (the engine would
+/// not verify a draft model's drafts where they cost as much as they can save).
+pub struct Free(pub Box<dyn Drafter>);
+
+impl Drafter for Free {
+    fn propose(&mut self, context: &[u32], k: usize) -> Vec<u32> {
+        self.0.propose(context, k)
+    }
+
+    fn propose_batch(&mut self, asks: &[DraftAsk<'_>]) -> Vec<Vec<u32>> {
+        self.0.propose_batch(asks)
+    }
+
+    fn forget(&mut self, id: u64) {
+        self.0.forget(id);
+    }
+
+    fn clone_box(&self) -> Box<dyn Drafter> {
+        Box::new(Free(self.0.clone_box()))
+    }
 }

@@ -11,6 +11,7 @@ use super::matmul::Matmul;
 use super::team::Team;
 use super::weights::Weights;
 use crate::backend::BatchSlice;
+use std::sync::Arc;
 
 /// Reusable buffers, grown to the largest step seen (no allocation per step after warm-up).
 #[derive(Default)]
@@ -68,10 +69,12 @@ impl Logits<'_> {
 }
 
 pub struct Forward {
-    pub weights: Weights,
+    /// Shared with copies (a draft model's fork).
+    pub weights: Arc<Weights>,
     pub kv: KvCache,
     isa: Isa,
-    team: Team,
+    /// Shared with a draft model's forward pass, which runs between this one's steps.
+    team: Arc<Team>,
     scratch: Scratch,
     /// Each RoPE pair's angle per position step, as a ratio to the previous pair's.
     theta_scale: f32,
@@ -94,7 +97,7 @@ fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 }
 
 impl Forward {
-    pub fn new(weights: Weights, kv: KvCache, isa: Isa, team: Team) -> Forward {
+    pub fn new(weights: Arc<Weights>, kv: KvCache, isa: Isa, team: Arc<Team>) -> Forward {
         let p = &weights.params;
         let hd = p.head_dim;
         let theta_scale = p.rope_theta.powf(-2.0 / hd as f32);
@@ -110,6 +113,10 @@ impl Forward {
 
     pub fn isa(&self) -> Isa {
         self.isa
+    }
+
+    pub fn team(&self) -> &Arc<Team> {
+        &self.team
     }
 
     /// Runs the batch; returns the logits of the slices that sample (in buffers reused by the

@@ -4,6 +4,7 @@
 pub mod acts;
 pub mod attention;
 pub mod dot;
+pub mod draft;
 pub mod forward;
 pub mod ggml_math;
 pub mod kv_cache;
@@ -12,15 +13,17 @@ pub mod quant;
 pub mod team;
 pub mod weights;
 
-use super::{Backend, BackendError, BatchOutput, BatchSlice, Sampled};
+use super::{cannot_draft, Backend, BackendError, BatchOutput, BatchSlice, Sampled};
 use crate::model::ModelFile;
 use crate::request::SamplingParams;
 use crate::sample::{logprobs, sample};
-use crate::spec::{verify_logits, StepCosts};
+use crate::spec::{verify_logits, Drafter, Method, StepCosts};
 use dot::Isa;
+use draft::{ModelDrafter, Target};
 use forward::Forward;
 use kv_cache::KvCache;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use team::Team;
 use weights::{WeightError, Weights};
@@ -38,6 +41,8 @@ pub struct CpuBackend {
     forward: Forward,
     num_blocks: usize,
     block_size: usize,
+    /// The vocabulary's token strings, which a draft model must share.
+    tokens: Vec<String>,
 }
 
 impl CpuBackend {
@@ -56,9 +61,14 @@ impl CpuBackend {
             WeightError::Params(format!("cannot start {} threads: {e}", config.threads))
         })?;
         Ok(CpuBackend {
-            forward: Forward::new(weights, kv, Isa::detect(), team),
+            forward: Forward::new(Arc::new(weights), kv, Isa::detect(), Arc::new(team)),
             num_blocks,
             block_size: config.block_size,
+            tokens: model
+                .gguf
+                .get_strings("tokenizer.ggml.tokens")
+                .map(|t| t.into_iter().map(str::to_owned).collect())
+                .unwrap_or_default(),
         })
     }
 
@@ -69,6 +79,19 @@ impl CpuBackend {
     /// Weight bytes read per decoded token at batch 1.
     pub fn bytes_per_token(&self) -> usize {
         self.forward.weights.bytes_per_token()
+    }
+
+    /// The model at `path` as a drafter for this one, on this backend's threads, with a KV
+    /// cache of `kv_cache_bytes` of its own.
+    pub fn draft_model(&self, path: &Path, kv_cache_bytes: usize) -> Result<ModelDrafter, String> {
+        let target = Target {
+            params: &self.forward.weights.params,
+            tokens: &self.tokens,
+            bytes_per_token: self.bytes_per_token(),
+            forward: &self.forward,
+            block_size: self.block_size,
+        };
+        ModelDrafter::load(path, target, kv_cache_bytes)
     }
 
     /// Runs a batch and returns the logits of the slices that sample (for tests and tools).
@@ -125,6 +148,16 @@ impl Backend for CpuBackend {
             sampled,
             modelled_duration: None,
         })
+    }
+
+    fn drafter(&mut self, method: &Method) -> Result<Box<dyn Drafter>, String> {
+        match method {
+            Method::Draft {
+                model,
+                kv_cache_bytes,
+            } => Ok(Box::new(self.draft_model(model, *kv_cache_bytes)?)),
+            _ => Err(cannot_draft(method)),
+        }
     }
 
     fn kv_capacity_blocks(&self, block_size: usize) -> usize {
