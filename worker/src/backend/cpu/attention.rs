@@ -73,7 +73,7 @@ pub fn attend(
         return;
     }
     let _ = isa;
-    attend_impl(inputs, q, scores, lanes, out);
+    attend_impl::<false>(inputs, q, scores, lanes, out);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -86,12 +86,14 @@ unsafe fn attend_fma(
     lanes: &mut [f32],
     out: &mut [f32],
 ) {
-    // Inlined here, `mul_add` becomes one instruction instead of a libm call.
-    attend_impl(inputs, q, scores, lanes, out);
+    // Inlined here, `mul_add` becomes one instruction instead of a libm call, and the dot
+    // products take the explicit 8-lane kernels.
+    attend_impl::<true>(inputs, q, scores, lanes, out);
 }
 
+/// With `SIMD`, the caller has AVX2 and FMA (only `attend_fma` passes it).
 #[inline(always)]
-fn attend_impl(
+fn attend_impl<const SIMD: bool>(
     inputs: &HeadInputs<'_>,
     q: &[f32],
     scores: &mut [f32],
@@ -104,7 +106,7 @@ fn attend_impl(
     for (sc, &off) in scores.iter_mut().zip(inputs.offsets) {
         let base = off + inputs.kv_head;
         let k = &inputs.k_cache[base..base + hd];
-        *sc = dot(order, q, k) * inputs.scale;
+        *sc = dot::<SIMD>(order, q, k) * inputs.scale;
         max = max.max(*sc);
     }
     let scores = &mut scores[..inputs.offsets.len()];
@@ -169,17 +171,17 @@ fn attend_impl(
 /// `a · b` in llama.cpp's order for `order` (lengths a multiple of 8 for `Prompt`; any other
 /// length sums as `Decode` does, as llama.cpp falls back to its vector dot product).
 #[inline(always)]
-fn dot(order: SumOrder, a: &[f32], b: &[f32]) -> f32 {
+fn dot<const SIMD: bool>(order: SumOrder, a: &[f32], b: &[f32]) -> f32 {
     if order == SumOrder::Prompt && a.len().is_multiple_of(8) {
         // tinyBLAS: one 8-lane accumulator, then its `hsum`.
-        let acc = lanes::<1>(a, b);
+        let acc = lanes::<1, SIMD>(a, b);
         ggml_math::hsum8(&acc[0])
     } else {
         // ggml_vec_dot_f16: four 8-lane accumulators over 32 at a time, GGML_F32x8_REDUCE
         // (chunk 0+2 and 1+3, then those two, then halves and two hadds), then the
         // leftovers as f32 products summed in f64.
         let whole = a.len() / 32 * 32;
-        let acc = lanes::<4>(&a[..whole], &b[..whole]);
+        let acc = lanes::<4, SIMD>(&a[..whole], &b[..whole]);
         let x: [f32; 8] =
             std::array::from_fn(|i| (acc[0][i] + acc[2][i]) + (acc[1][i] + acc[3][i]));
         let t = [x[0] + x[4], x[1] + x[5], x[2] + x[6], x[3] + x[7]];
@@ -196,9 +198,14 @@ fn dot(order: SumOrder, a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// `C` accumulators of 8 lanes, element `i` of `a · b` fused into lane `i % 8` of accumulator
-/// `(i / 8) % C` (`a.len()` a multiple of `8 * C`). Fixed-size, so they stay in registers.
+/// `(i / 8) % C` (`a.len()` a multiple of `8 * C`). Fixed-size, so they stay in registers;
+/// with `SIMD` (AVX2 and FMA present), one 256-bit register each.
 #[inline(always)]
-fn lanes<const C: usize>(a: &[f32], b: &[f32]) -> [[f32; 8]; C] {
+fn lanes<const C: usize, const SIMD: bool>(a: &[f32], b: &[f32]) -> [[f32; 8]; C] {
+    #[cfg(target_arch = "x86_64")]
+    if SIMD {
+        return fma_lanes::<C>(a, b);
+    }
     let mut acc = [[0.0f32; 8]; C];
     for (xs, ys) in a.chunks_exact(8 * C).zip(b.chunks_exact(8 * C)) {
         for (k, acc) in acc.iter_mut().enumerate() {
@@ -208,6 +215,34 @@ fn lanes<const C: usize>(a: &[f32], b: &[f32]) -> [[f32; 8]; C] {
         }
     }
     acc
+}
+
+/// `lanes` with AVX2 registers: the same fused multiply-add per lane, in the same order.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(unsafe_code)]
+fn fma_lanes<const C: usize>(a: &[f32], b: &[f32]) -> [[f32; 8]; C] {
+    use std::arch::x86_64::*;
+    let n = a.len().min(b.len()) / (8 * C) * (8 * C);
+    let mut out = [[0.0f32; 8]; C];
+    // SAFETY: reached only through `attend_fma` (AVX2 and FMA present); every load reads
+    // `a[i..i + 8]` or `b[i..i + 8]` with `i + 8 <= n`, inside both slices.
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); C];
+        let mut i = 0;
+        while i < n {
+            for (k, acc) in acc.iter_mut().enumerate() {
+                let x = _mm256_loadu_ps(a.as_ptr().add(i + 8 * k));
+                let y = _mm256_loadu_ps(b.as_ptr().add(i + 8 * k));
+                *acc = _mm256_fmadd_ps(x, y, *acc);
+            }
+            i += 8 * C;
+        }
+        for (o, acc) in out.iter_mut().zip(acc) {
+            _mm256_storeu_ps(o.as_mut_ptr(), acc);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -225,7 +260,12 @@ mod tests {
                     .zip(&b)
                     .map(|(x, y)| f64::from(*x) * f64::from(*y))
                     .sum();
-                assert!((f64::from(dot(order, &a[..n], &b[..n])) - exact).abs() < 1e-5);
+                let scalar = dot::<false>(order, &a[..n], &b[..n]);
+                assert!((f64::from(scalar) - exact).abs() < 1e-5);
+                if Isa::detect().has_avx2_fma() {
+                    let simd = dot::<true>(order, &a[..n], &b[..n]);
+                    assert_eq!(simd.to_bits(), scalar.to_bits(), "{order:?} {n}");
+                }
             }
         }
     }

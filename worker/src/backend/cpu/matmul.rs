@@ -3,7 +3,7 @@
 
 use super::acts::{Activations, Group8, GROUP};
 use super::dot::{tile, tile8, Isa, QuantRow};
-use super::quant::{WeightType, QK};
+use super::quant::{Q8Row, WeightType, QK};
 use super::team::Team;
 use super::weights::{Matrix, MatrixData};
 
@@ -156,7 +156,8 @@ fn transpose(team: &Team, values: &[f32], rows: usize, tokens: usize, out: &mut 
 
 /// Rows `first..` of a quantised matrix (as many as `dst` holds, `tokens` values each) against
 /// every activation: interleaved groups of 8 tokens by 2 rows at a time where the Isa has
-/// group kernels, then 4 tokens by 2 rows, then the remaining tokens row by row.
+/// group kernels, then 4 tokens by 2 rows, then the last 2 or 3 tokens of Q4_1 by 2 rows (a
+/// short verification step unpacks each weight once), and the rest token by token.
 fn quantized_rows<'w>(
     isa: Isa,
     kind: WeightType,
@@ -184,38 +185,67 @@ fn quantized_rows<'w>(
         }
     }
     let grouped = groups.len() * GROUP;
-    let acts = &acts.rows;
+    let rows = Rows {
+        isa,
+        kind,
+        row: &row,
+        first,
+        acts: &acts.rows,
+        tokens,
+    };
     let whole = grouped + (tokens - grouped) / 4 * 4;
     for t in (grouped..whole).step_by(4) {
-        let a = [&acts[t], &acts[t + 1], &acts[t + 2], &acts[t + 3]];
+        rows.against::<4>(t, dst);
+    }
+    // Q4_1's tiles share each block's unpacking; Q8_0's have none to share, and its short
+    // tiles measured slower than a pass per token.
+    match (tokens - whole, kind) {
+        (3, WeightType::Q4_1) => rows.against::<3>(whole, dst),
+        (2, WeightType::Q4_1) => rows.against::<2>(whole, dst),
+        _ => {
+            // Row by row: at batch 1 the product is bound by memory, where grouping rows
+            // measured no faster.
+            for t in whole..tokens {
+                for i in 0..n {
+                    let mut out = [[0.0; 1]; 1];
+                    tile(isa, kind, &[row(first + i)], &[&acts.rows[t]], &mut out);
+                    dst[i * tokens + t] = out[0][0];
+                }
+            }
+        }
+    }
+}
+
+/// Rows `first..` of a quantised matrix against activation rows, by tiles.
+struct Rows<'a, 'w, F: Fn(usize) -> QuantRow<'w>> {
+    isa: Isa,
+    kind: WeightType,
+    row: &'a F,
+    first: usize,
+    acts: &'a [Q8Row],
+    tokens: usize,
+}
+
+impl<'w, F: Fn(usize) -> QuantRow<'w>> Rows<'_, 'w, F> {
+    /// Every row of `dst` (`tokens` values each) against activations `t..t + T`, two rows at
+    /// a time.
+    fn against<const T: usize>(&self, t: usize, dst: &mut [f32]) {
+        let (n, tokens) = (dst.len() / self.tokens, self.tokens);
+        let a: [&Q8Row; T] = std::array::from_fn(|k| &self.acts[t + k]);
+        let row = |i: usize| (self.row)(self.first + i);
         let mut i = 0;
         while i + 2 <= n {
-            let mut out = [[0.0; 4]; 2];
-            tile(
-                isa,
-                kind,
-                &[row(first + i), row(first + i + 1)],
-                &a,
-                &mut out,
-            );
+            let mut out = [[0.0; T]; 2];
+            tile(self.isa, self.kind, &[row(i), row(i + 1)], &a, &mut out);
             for (k, o) in out.iter().enumerate() {
-                dst[(i + k) * tokens + t..(i + k) * tokens + t + 4].copy_from_slice(o);
+                dst[(i + k) * tokens + t..][..T].copy_from_slice(o);
             }
             i += 2;
         }
         if i < n {
-            let mut out = [[0.0; 4]; 1];
-            tile(isa, kind, &[row(first + i)], &a, &mut out);
-            dst[i * tokens + t..i * tokens + t + 4].copy_from_slice(&out[0]);
-        }
-    }
-    // Single tokens row by row: at batch 1 the product is bound by memory, where grouping rows
-    // measured no faster.
-    for t in whole..tokens {
-        for i in 0..n {
-            let mut out = [[0.0; 1]; 1];
-            tile(isa, kind, &[row(first + i)], &[&acts[t]], &mut out);
-            dst[i * tokens + t] = out[0][0];
+            let mut out = [[0.0; T]; 1];
+            tile(self.isa, self.kind, &[row(i)], &a, &mut out);
+            dst[i * tokens + t..][..T].copy_from_slice(&out[0]);
         }
     }
 }
