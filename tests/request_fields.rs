@@ -202,3 +202,36 @@ async fn the_gateway_forwards_fields_it_does_not_read_untouched() {
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["choices"].as_array().unwrap().len(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenize_renders_chat_messages_as_chat_completions_does() {
+    let w = SimWorker::start(&["--time-scale", "0.01"]).await;
+    let messages = serde_json::json!([
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hello there"},
+    ]);
+    let (s, t) = post(
+        &w.url(),
+        "/tokenize",
+        &serde_json::json!({ "messages": messages }),
+    )
+    .await;
+    assert_eq!(s, 200, "{t}");
+    let chat = serde_json::json!({"model": MODEL, "messages": messages, "max_tokens": 8});
+    let (_, c) = post(&w.url(), "/v1/chat/completions", &chat).await;
+    assert_eq!(t["count"], c["usage"]["prompt_tokens"], "{t} {c}");
+    // The same ids as a token prompt: the same answer.
+    let ids = serde_json::json!({"model": MODEL, "prompt": t["tokens"], "max_tokens": 8});
+    let (_, p) = post(&w.url(), "/v1/completions", &ids).await;
+    assert_eq!(
+        p["choices"][0]["text"], c["choices"][0]["message"]["content"],
+        "{p} {c}"
+    );
+    let both = serde_json::json!({ "prompt": "hi", "messages": messages });
+    let (s, e) = post(&w.url(), "/tokenize", &both).await;
+    assert_eq!(
+        (s, e["error"]["param"].as_str()),
+        (400, Some("prompt")),
+        "{e}"
+    );
+}

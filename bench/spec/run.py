@@ -6,7 +6,10 @@ llama-server without and with each of its speculative modes. Two workloads: inpu
 at a time and 16 at once. Per cell: decode tokens/s (completion tokens after the first over
 the time from the first to the last streamed chunk, summed over requests), draft acceptance,
 and how many greedy outputs differ from kvgate's own without speculation. At 16 streams the
-figure is every completion token over the load's wall time (prefill included).
+figure is every completion token over the load's wall time (prefill included). Every server
+gets the same prompt token ids (each chat rendered once by kvgate's `/tokenize`), so that
+outputs compare token for token across engines. The configs run round-robin within each
+round; the table at the end gives each cell's median over rounds.
 
 Usage: bench/spec/run.py [--threads 1] [--max-tokens 128] [--rounds 2] [--out DIR]
 Needs `cargo build --release --bin kvgate` (done here) and `bench/peers/install-llama`.
@@ -86,15 +89,25 @@ class Server:
                 self.proc.wait()
 
 
-def chat(port, prompt, max_tokens):
-    """One greedy streamed chat completion: (text, completion tokens, decode seconds, timings)."""
-    body = json.dumps({"model": "smollm2", "messages": [{"role": "user", "content": prompt}],
-                       "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                       "stream_options": {"include_usage": True}}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
+def post(port, path, body, timeout=600):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
+    return urllib.request.urlopen(req, timeout=timeout)
+
+
+def render(port, prompt):
+    """A user message as the chat template renders and tokenizes it (kvgate's /tokenize)."""
+    with post(port, "/tokenize", {"messages": [{"role": "user", "content": prompt}]}, 30) as r:
+        return json.load(r)["tokens"]
+
+
+def complete(port, prompt_ids, max_tokens):
+    """One greedy streamed completion of token ids: (text, completion tokens, decode seconds,
+    timings)."""
+    body = {"model": "smollm2", "prompt": prompt_ids, "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     text, tokens, first, last, timings = [], None, None, None, {}
-    with urllib.request.urlopen(req, timeout=600) as r:
+    with post(port, "/v1/completions", body) as r:
         for raw in r:
             line = raw.decode().strip()
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -104,7 +117,7 @@ def chat(port, prompt, max_tokens):
                 tokens = data["usage"]["completion_tokens"]
             timings = data.get("timings", timings)
             for c in data.get("choices", []):
-                piece = (c.get("delta") or {}).get("content")
+                piece = c.get("text")
                 if piece:
                     now = time.perf_counter()
                     first = first or now
@@ -115,7 +128,7 @@ def chat(port, prompt, max_tokens):
 
 def load(port, prompts, streams, max_tokens):
     with cf.ThreadPoolExecutor(streams) as pool:
-        return list(pool.map(lambda p: chat(port, p, max_tokens), prompts))
+        return list(pool.map(lambda p: complete(port, p, max_tokens), prompts))
 
 
 def metric(port, name):
@@ -138,6 +151,8 @@ def configs(threads):
         ("kvgate", "kvgate", kv()),
         ("kvgate ngram", "kvgate", kv("--spec-method", "ngram")),
         ("kvgate suffix", "kvgate", kv("--spec-method", "suffix")),
+        # The model as its own draft model: as costly as itself, so kvgate's plan never runs it.
+        ("kvgate draft (itself)", "kvgate", kv("--spec-method", "draft", "--spec-draft-model", MODEL)),
         ("llama-server", "llama", llama()),
         ("llama-server ngram-simple", "llama", llama("--spec-type", "ngram-simple")),
         ("llama-server ngram-mod", "llama", llama("--spec-type", "ngram-mod")),
@@ -158,7 +173,7 @@ def main():
     subprocess.run(["cargo", "build", "--release", "--bin", "kvgate"], cwd=ROOT, check=True)
     logs = tempfile.mkdtemp(prefix="kvgate-spec-")
     os.makedirs(args.out, exist_ok=True)
-    rows, reference = [], {}
+    rows, reference, rendered = [], {}, {}
     chosen = configs(args.threads)
     if args.only:
         keep = set(args.only.split(","))
@@ -169,7 +184,10 @@ def main():
             server = Server(name.replace(" ", "-").replace("(", "").replace(")", ""),
                             [*cmd, "--port", str(port)], port, logs)
             try:
-                for workload, prompts in (("grounded", GROUNDED), ("open chat", OPEN)):
+                if not rendered:
+                    rendered = {w: [render(port, p) for p in ps]
+                                for w, ps in (("grounded", GROUNDED), ("open chat", OPEN))}
+                for workload, prompts in rendered.items():
                     for streams in (1, 16):
                         batch = prompts * (2 if streams == 16 else 1)
                         before = metric(port, "kvgate_worker_spec_decode") if kind == "kvgate" else {}
@@ -209,6 +227,33 @@ def main():
                 server.stop()
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(rows, f, indent=1)
+    print(table(rows))
+
+
+def table(rows):
+    """Markdown: each config's median tok/s per cell over the rounds (min-max beside it), with
+    acceptance and outputs unlike kvgate's own."""
+    cells = [("grounded", 1), ("grounded", 16), ("open chat", 1), ("open chat", 16)]
+    lines = ["| config | " + " | ".join(f"{w}, {n} stream{'s' * (n > 1)}" for w, n in cells) + " |",
+             "|---|" + "---:|" * len(cells)]
+    for config in dict.fromkeys(r["config"] for r in rows):
+        out = []
+        for w, n in cells:
+            got = [r for r in rows if r["config"] == config and r["workload"] == w and r["streams"] == n]
+            rates = sorted(r["tok_s"] for r in got)
+            if not rates:
+                out.append("")
+                continue
+            text = f"{rates[len(rates) // 2]:.1f} ({rates[0]:.1f}-{rates[-1]:.1f})"
+            drafted = sum(r["drafted"] or 0 for r in got)
+            if drafted:
+                text += f", acc {sum(r['accepted'] for r in got) / drafted:.2f}"
+            differ = sum(r["outputs_differ"] for r in got)
+            if differ:
+                text += f", {differ}/{sum(r['outputs'] for r in got)} differ"
+            out.append(text)
+        lines.append(f"| {config} | " + " | ".join(out) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

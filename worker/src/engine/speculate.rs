@@ -12,8 +12,9 @@ use crate::spec::plan::{choose, Offer};
 use crate::spec::{Acceptance, DraftAsk, Drafter, SpecConfig, StepCosts};
 use kvgate_protocol::worker_stats::SpecStats;
 
-/// The engine-wide acceptance rate starts at this, as if seen `ENGINE_PRIOR_WEIGHT` times; a
-/// request's own starts at the engine-wide rate, as if seen `REQUEST_PRIOR_WEIGHT` times.
+/// The engine-wide acceptance rates (of a draft's first token, and of later ones) start at this,
+/// as if seen `ENGINE_PRIOR_WEIGHT` times; a request's own start at the engine-wide ones, as if
+/// seen `REQUEST_PRIOR_WEIGHT` times.
 const PRIOR: f64 = 0.5;
 const ENGINE_PRIOR_WEIGHT: f64 = 2.0;
 const REQUEST_PRIOR_WEIGHT: f64 = 4.0;
@@ -99,11 +100,13 @@ impl Speculator {
             .max_num_batched_tokens
             .saturating_sub(base_tokens);
         let base_samples = plan.slices.iter().filter(|s| s.samples).count();
-        let engine_rate = (self.acceptance.rate(PRIOR, ENGINE_PRIOR_WEIGHT)
-            + EXPLORE / (self.acceptance.seen() + 1.0).sqrt())
+        let first = &self.acceptance.first;
+        let engine_first = (first.rate(PRIOR, ENGINE_PRIOR_WEIGHT)
+            + EXPLORE / (first.seen() + 1.0).sqrt())
         .min(1.0);
-        // Each decode slice's room to draft, and its acceptance rate.
-        let mut open: Vec<(usize, usize, f64)> = Vec::new();
+        let engine_then = self.acceptance.then.rate(PRIOR, ENGINE_PRIOR_WEIGHT);
+        // Each decode slice's room to draft, and its acceptance rates.
+        let mut open: Vec<(usize, usize, Offer)> = Vec::new();
         for (i, s) in plan.slices.iter().enumerate() {
             let Some(req) = requests.get(&s.id) else {
                 continue;
@@ -118,15 +121,21 @@ impl Speculator {
                 .saturating_sub(1);
             let k = self.config.num_tokens.min(left);
             if k > 0 {
-                let rate = req.acceptance.rate(engine_rate, REQUEST_PRIOR_WEIGHT);
-                open.push((i, k, rate));
+                let rates = Offer {
+                    first: req
+                        .acceptance
+                        .first
+                        .rate(engine_first, REQUEST_PRIOR_WEIGHT),
+                    then: req.acceptance.then.rate(engine_then, REQUEST_PRIOR_WEIGHT),
+                    len: k,
+                };
+                open.push((i, k, rates));
             }
         }
-        let offer = |&(_, len, acceptance): &(usize, usize, f64)| Offer { acceptance, len };
         // Were every draft full length, how much of each would be verified? None: nothing is
         // proposed. A drafter that costs proposes no more than that.
         let draft_cost = self.drafter.cost_per_token();
-        let bound: Vec<Offer> = open.iter().map(offer).collect();
+        let bound: Vec<Offer> = open.iter().map(|&(_, _, o)| o).collect();
         let bound = choose(
             &bound,
             base_tokens,
@@ -140,12 +149,12 @@ impl Speculator {
         }
         let mut asked = Vec::new();
         let mut asks = Vec::new();
-        for (&(i, k, rate), &n) in open.iter().zip(&bound) {
+        for (&(i, k, rates), &n) in open.iter().zip(&bound) {
             let k = if draft_cost > 0.0 { n } else { k };
             let Some(req) = requests.get(&plan.slices[i].id).filter(|_| k > 0) else {
                 continue;
             };
-            asked.push((i, rate));
+            asked.push((i, rates));
             asks.push(DraftAsk {
                 id: req.id,
                 context: &req.tokens,
@@ -157,9 +166,12 @@ impl Speculator {
         drop(asks);
         let mut candidates = Vec::new();
         let mut offers = Vec::new();
-        for (&(i, rate), tokens) in asked.iter().zip(drafts) {
+        for (&(i, rates), tokens) in asked.iter().zip(drafts) {
             if !tokens.is_empty() {
-                offers.push(offer(&(i, tokens.len(), rate)));
+                offers.push(Offer {
+                    len: tokens.len(),
+                    ..rates
+                });
                 candidates.push(Candidate { slice: i, tokens });
             }
         }

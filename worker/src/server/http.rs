@@ -11,7 +11,7 @@ use http::{Method, Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use kvgate_protocol::openai::{Endpoint, ModelList, Usage};
+use kvgate_protocol::openai::{ChatMessage, Endpoint, GenerationRequest, ModelList, Usage};
 use kvgate_protocol::responses::Responder;
 use kvgate_protocol::worker_stats::WorkerStats;
 use kvgate_protocol::{ApiError, ErrorKind};
@@ -380,10 +380,15 @@ fn events(ctx: &Context, query: &str) -> Reply {
     with_type(Response::new(ChannelBody(rx)), "application/x-ndjson")
 }
 
+/// vLLM's `/tokenize`: a text `prompt` (with `add_special_tokens`), or chat `messages`
+/// rendered with the chat template as `/v1/chat/completions` renders them.
 async fn tokenize(ctx: &Arc<Context>, req: Request<Incoming>) -> Reply {
     #[derive(serde::Deserialize)]
     struct TokenizeRequest {
-        prompt: String,
+        #[serde(default)]
+        prompt: Option<String>,
+        #[serde(default)]
+        messages: Option<Vec<ChatMessage>>,
         #[serde(default = "yes")]
         add_special_tokens: bool,
     }
@@ -397,20 +402,41 @@ async fn tokenize(ctx: &Arc<Context>, req: Request<Incoming>) -> Reply {
     let tokens = apart(ctx, move |ctx| {
         let r: TokenizeRequest = kvgate_protocol::openai::deserialize(&body)?;
         let tokenizer = &ctx.model.prompt.tokenizer;
+        let prompt = match (r.prompt, r.messages) {
+            (Some(prompt), None) => prompt,
+            (None, Some(messages)) => {
+                let chat = GenerationRequest {
+                    messages: Some(messages),
+                    ..Default::default()
+                };
+                let (ids, _) =
+                    ctx.model
+                        .prompt
+                        .prompt_ids(Endpoint::Chat, &chat, ctx.max_model_len)?;
+                return Ok(ids);
+            }
+            _ => {
+                return Err(ApiError::new(
+                    ErrorKind::InvalidRequest,
+                    "give either `prompt` (text) or `messages` (a chat)".to_string(),
+                )
+                .with_param("prompt"))
+            }
+        };
         let most = ctx.max_model_len.saturating_mul(tokenizer.max_token_bytes());
-        if r.prompt.len() > most {
+        if prompt.len() > most {
             return Err(ApiError::new(
                 ErrorKind::InvalidRequest,
                 format!(
                     "the prompt has {} bytes, more than a context of {} tokens can hold ({most} bytes)",
-                    r.prompt.len(),
+                    prompt.len(),
                     ctx.max_model_len
                 ),
             )
             .with_param("prompt"));
         }
         tokenizer
-            .encode(&r.prompt, r.add_special_tokens)
+            .encode(&prompt, r.add_special_tokens)
             .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))
     })
     .await;

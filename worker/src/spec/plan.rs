@@ -1,6 +1,8 @@
-//! How many drafted tokens a step verifies. Under a geometric model with a request's running
-//! acceptance rate `a`, the `j`-th token of its draft yields a token with probability `a^j`
-//! (it and every one before it kept). A step's cost grows with its tokens as the backend
+//! How many drafted tokens a step verifies. A request's draft is kept in runs: its first token
+//! with the request's running rate `f`, each later one, once those before it were kept, with
+//! its running continuation rate `c` (copying from a given text, that is high even where the
+//! first is a coin toss). So the `j`-th drafted token yields a token with probability
+//! `f · c^(j-1)` (it and every one before it kept). A step's cost grows with its tokens as the backend
 //! measured it. The step verifies the most valuable drafted tokens, as many as maximise the
 //! expected tokens per unit of step cost, and none when no draft pays for its verification:
 //! so drafts shrink as acceptance falls, and stop where the batch already fills the kernels.
@@ -73,49 +75,69 @@ impl StepCosts {
     }
 }
 
-/// Drafted tokens kept and drafts cut short, as a running acceptance rate per drafted token.
+/// A running rate: events kept and missed, forgetting the oldest beyond `Rate::MEMORY`.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Acceptance {
+pub struct Rate {
     kept: f64,
-    rejected: f64,
+    missed: f64,
 }
 
-impl Acceptance {
-    /// Observations an engine-wide rate remembers: enough to be steady, few enough to follow
-    /// a change of traffic within a few hundred drafts.
+impl Rate {
+    /// Observations a rate remembers: enough to be steady, few enough to follow a change of
+    /// traffic within a few hundred drafts.
     const MEMORY: f64 = 256.0;
 
-    /// A draft of `drafted` tokens of which the first `kept` were kept (the rest unobserved
-    /// after the first rejection).
-    pub fn record(&mut self, drafted: usize, kept: usize) {
-        self.kept += kept as f64;
-        if kept < drafted {
-            self.rejected += 1.0;
-        }
-        let seen = self.kept + self.rejected;
+    fn record(&mut self, kept: f64, missed: f64) {
+        self.kept += kept;
+        self.missed += missed;
+        let seen = self.seen();
         if seen > Self::MEMORY {
             let scale = Self::MEMORY / seen;
             self.kept *= scale;
-            self.rejected *= scale;
+            self.missed *= scale;
         }
     }
 
-    /// Drafted tokens observed (kept, plus one per draft cut short), as remembered.
+    /// Observations, as remembered.
     pub fn seen(&self) -> f64 {
-        self.kept + self.rejected
+        self.kept + self.missed
     }
 
     /// The rate, starting from `prior` as if it had been seen `weight` times.
     pub fn rate(&self, prior: f64, weight: f64) -> f64 {
-        (self.kept + prior * weight) / (self.kept + self.rejected + weight)
+        (self.kept + prior * weight) / (self.seen() + weight)
+    }
+}
+
+/// How drafts fare: their first token's rate, and later tokens' once those before were kept.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Acceptance {
+    pub first: Rate,
+    pub then: Rate,
+}
+
+impl Acceptance {
+    /// A draft of `drafted` tokens of which the first `kept` were kept (the rest unobserved
+    /// after the first rejection).
+    pub fn record(&mut self, drafted: usize, kept: usize) {
+        if drafted == 0 {
+            return;
+        }
+        self.first.record(f64::from(kept > 0), f64::from(kept == 0));
+        if kept > 0 && drafted > 1 {
+            self.then
+                .record((kept - 1) as f64, f64::from(kept < drafted));
+        }
     }
 }
 
 /// A request that has a draft to offer.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Offer {
-    /// Its running acceptance rate per drafted token.
-    pub acceptance: f64,
+    /// The chance its first drafted token is kept.
+    pub first: f64,
+    /// The chance each later one is, once those before it were.
+    pub then: f64,
     /// Tokens drafted.
     pub len: usize,
 }
@@ -138,8 +160,8 @@ pub fn choose(
         .iter()
         .enumerate()
         .flat_map(|(i, o)| {
-            let a = o.acceptance.clamp(0.0, 1.0);
-            (1..=o.len).map(move |j| (a.powi(j as i32), i))
+            let (f, c) = (o.first.clamp(0.0, 1.0), o.then.clamp(0.0, 1.0));
+            (0..o.len).map(move |j| (f * c.powi(j as i32), i))
         })
         .collect();
     // Most valuable first; a draft's own tokens keep their order (stable sort), so every
@@ -200,14 +222,8 @@ mod tests {
 
     #[test]
     fn a_draft_is_verified_only_where_it_pays() {
-        let sure = Offer {
-            acceptance: 0.9,
-            len: 8,
-        };
-        let doubtful = Offer {
-            acceptance: 0.3,
-            len: 8,
-        };
+        let sure = geometric(0.9, 8);
+        let doubtful = geometric(0.3, 8);
         // Wide kernels at batch 1: a likely draft is verified in full.
         assert_eq!(choose(&[sure], 1, 1, 100, &wide(), 0.0), vec![7]);
         // On AMD's costs a 2-token step costs 1.4 steps: an unlikely draft is not worth it.
@@ -226,10 +242,7 @@ mod tests {
 
     #[test]
     fn a_costly_drafter_drafts_shorter_or_not_at_all() {
-        let sure = Offer {
-            acceptance: 0.8,
-            len: 8,
-        };
+        let sure = geometric(0.8, 8);
         let free = choose(&[sure], 1, 1, 100, &wide(), 0.0)[0];
         let cheap = choose(&[sure], 1, 1, 100, &wide(), 0.1)[0];
         assert!(0 < cheap && cheap < free, "{cheap} {free}");
@@ -239,43 +252,66 @@ mod tests {
 
     #[test]
     fn the_surer_request_drafts_more() {
-        let offers = [
-            Offer {
-                acceptance: 0.95,
-                len: 6,
-            },
-            Offer {
-                acceptance: 0.5,
-                len: 6,
-            },
-        ];
+        let offers = [geometric(0.95, 6), geometric(0.5, 6)];
         let counts = choose(&offers, 2, 2, 100, &wide(), 0.0);
         assert!(counts[0] > counts[1], "{counts:?}");
+    }
+
+    /// Every token kept with the same chance.
+    fn geometric(acceptance: f64, len: usize) -> Offer {
+        Offer {
+            first: acceptance,
+            then: acceptance,
+            len,
+        }
+    }
+
+    #[test]
+    fn a_draft_kept_in_runs_is_verified_further_than_its_first_token_alone_would_say() {
+        // On AMD's costs a draft whose first token is kept less than half the time: one token
+        // at most if every token is as doubtful; several if kept in runs once started.
+        let toss = geometric(0.45, 8);
+        let runs = Offer { then: 0.97, ..toss };
+        assert_eq!(choose(&[toss], 1, 1, 100, &amd(), 0.0), vec![1]);
+        assert_eq!(choose(&[runs], 1, 1, 100, &amd(), 0.0), vec![3]);
     }
 
     #[test]
     fn acceptance_follows_what_it_sees_and_forgets_slowly() {
         let mut a = Acceptance::default();
-        assert_eq!(a.rate(0.5, 2.0), 0.5, "the prior before anything");
+        assert_eq!(a.first.rate(0.5, 2.0), 0.5, "the prior before anything");
         for _ in 0..100 {
             a.record(4, 4);
         }
-        assert!(a.rate(0.5, 2.0) > 0.99);
+        assert!(a.first.rate(0.5, 2.0) > 0.97 && a.then.rate(0.5, 2.0) > 0.99);
         for _ in 0..1_000 {
             a.record(4, 0);
         }
-        assert!(a.rate(0.5, 2.0) < 0.1, "{}", a.rate(0.5, 2.0));
+        assert!(a.first.rate(0.5, 2.0) < 0.1, "{:?}", a);
+        assert!(
+            a.then.rate(0.5, 2.0) > 0.99,
+            "nothing seen after a first miss"
+        );
+        // Half the drafts kept for 1 token of 4, half for all 4: every first token kept; of
+        // the later ones, 3 kept in one half, one missed in the other.
+        let mut runs = Acceptance::default();
+        for _ in 0..100 {
+            runs.record(4, 1);
+            runs.record(4, 4);
+        }
+        assert!(runs.first.rate(0.5, 2.0) > 0.99, "{runs:?}");
+        assert!((runs.then.rate(0.5, 0.0) - 0.75).abs() < 0.01, "{runs:?}");
     }
 
     proptest! {
         #[test]
         fn choices_are_within_each_draft_and_the_room(
-            offers in prop::collection::vec((0.0f64..=1.0, 0usize..=16), 0..12),
+            offers in prop::collection::vec((0.0f64..=1.0, 0.0f64..=1.0, 0usize..=16), 0..12),
             base in 1usize..80,
             room in 0usize..64,
         ) {
             let offers: Vec<Offer> =
-                offers.iter().map(|&(acceptance, len)| Offer { acceptance, len }).collect();
+                offers.iter().map(|&(first, then, len)| Offer { first, then, len }).collect();
             let counts = choose(&offers, base, base, room, &wide(), 0.0);
             prop_assert_eq!(counts.len(), offers.len());
             prop_assert!(counts.iter().sum::<usize>() <= room);
