@@ -173,6 +173,50 @@ fn drafts_are_counted_per_position_and_follow_acceptance() {
     );
 }
 
+/// Where a one-token draft pays and longer ones pay only if kept in runs (this AMD EPYC's
+/// measured costs), drafts that are always kept grow past one token: the engine tries the
+/// later tokens it has not seen yet rather than valuing them at a prior that never learns.
+#[test]
+fn drafts_kept_in_runs_grow_past_one_token() {
+    let mut e = engine(512);
+    let config = SpecConfig::new(
+        Method::Ngram,
+        8,
+        NgramSettings::new(2, 4).unwrap(),
+        None,
+    )
+    .unwrap();
+    let costs = kvgate_worker::spec::StepCosts::from_points(vec![
+        (1, 1.0),
+        (2, 1.45),
+        (3, 1.95),
+        (4, 2.25),
+        (6, 3.2),
+        (8, 3.2),
+    ])
+    .unwrap();
+    e.enable_speculation_at(config, Box::new(SimDrafter::new(sim(), 1.0)), costs);
+    e.add_request(NewRequest {
+        id: 1,
+        prompt: (0..64).collect(),
+        params: SamplingParams {
+            max_tokens: 400,
+            ignore_eos: true,
+            ..Default::default()
+        },
+        priority: 0,
+    })
+    .unwrap();
+    while e.has_work() {
+        e.step().unwrap();
+    }
+    let s = e.stats().spec;
+    assert!(
+        s.accepted_per_pos[1] * 2 > s.drafts,
+        "most drafts longer than one token: {s:?}"
+    );
+}
+
 /// A cached block holds the KV of verified tokens only: every block announced as stored is
 /// full of tokens whose KV was computed (below the request's last token, which never is).
 #[test]

@@ -8,6 +8,7 @@ use super::EngineConfig;
 use crate::kv::KvManager;
 use crate::request::{Request, RequestId, RequestMap};
 use crate::sched::{Slice, StepPlan};
+use crate::spec::plan::Rate;
 use crate::spec::plan::{choose, Offer};
 use crate::spec::{Acceptance, DraftAsk, Drafter, SpecConfig, StepCosts};
 use kvgate_protocol::worker_stats::SpecStats;
@@ -18,9 +19,10 @@ use kvgate_protocol::worker_stats::SpecStats;
 const PRIOR: f64 = 0.5;
 const ENGINE_PRIOR_WEIGHT: f64 = 2.0;
 const REQUEST_PRIOR_WEIGHT: f64 = 4.0;
-/// Optimism while the engine has seen few drafts, `EXPLORE / sqrt(seen + 1)` on top of its
+/// Optimism while the engine has seen few drafts, `EXPLORE / sqrt(seen + 1)` on top of each
 /// rate: without it, a machine whose two-token step costs more than a prior-weighted draft
-/// earns would never draft, and so never learn that its traffic drafts well.
+/// earns would never draft (and one that drafts single tokens never try longer drafts), and
+/// so never learn that its traffic drafts well.
 const EXPLORE: f64 = 0.5;
 
 pub(super) struct Speculator {
@@ -100,11 +102,12 @@ impl Speculator {
             .max_num_batched_tokens
             .saturating_sub(base_tokens);
         let base_samples = plan.slices.iter().filter(|s| s.samples).count();
-        let first = &self.acceptance.first;
-        let engine_first = (first.rate(PRIOR, ENGINE_PRIOR_WEIGHT)
-            + EXPLORE / (first.seen() + 1.0).sqrt())
-        .min(1.0);
-        let engine_then = self.acceptance.then.rate(PRIOR, ENGINE_PRIOR_WEIGHT);
+        // Later tokens start as likely as first ones (the geometric model) until runs are seen.
+        let optimistic = |rate: &Rate, prior: f64| {
+            (rate.rate(prior, ENGINE_PRIOR_WEIGHT) + EXPLORE / (rate.seen() + 1.0).sqrt()).min(1.0)
+        };
+        let engine_first = optimistic(&self.acceptance.first, PRIOR);
+        let engine_then = optimistic(&self.acceptance.then, engine_first);
         // Each decode slice's room to draft, and its acceptance rates.
         let mut open: Vec<(usize, usize, Offer)> = Vec::new();
         for (i, s) in plan.slices.iter().enumerate() {
