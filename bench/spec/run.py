@@ -8,15 +8,18 @@ the time from the first to the last streamed chunk, summed over requests), draft
 and how many greedy outputs differ from the same engine's without speculation. At 16 streams the
 figure is every completion token over the load's wall time (prefill included). Every server
 gets the same prompt token ids (each chat rendered once by kvgate's `/tokenize`), so that
-outputs compare token for token across engines. The configs run round-robin within each
-round; the table at the end gives each cell's median over rounds.
+outputs compare token for token across engines. Each round runs every config once, starting
+one config further along than the round before (a VM's speed drifts within minutes: a fixed
+order gave the config after llama-server's draft mode a steady 15 % edge); the table at the
+end gives each cell's median over rounds and each kvgate config's median ratio to plain
+kvgate in the same round.
 
 Usage: bench/spec/run.py [--threads 1] [--max-tokens 128] [--rounds 2] [--out DIR]
 Needs `cargo build --release --bin kvgate` (done here) and `bench/peers/install-llama`.
 Every server started here runs in a session of its own and is stopped by its PID, also when
 the script is interrupted or fails.
 """
-import argparse, json, os, signal, socket, subprocess, sys, tempfile, time, urllib.request
+import argparse, json, os, signal, socket, statistics, subprocess, sys, tempfile, time, urllib.request
 import concurrent.futures as cf
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -166,7 +169,9 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--only", help="comma-separated config names to run")
+    ap.add_argument("--only", help="comma-separated config names to run (plain kvgate always)")
+    ap.add_argument("--cells", default="grounded:1,grounded:16,open chat:1,open chat:16",
+                    help="comma-separated WORKLOAD:STREAMS cells to measure")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "spec", "results"))
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -178,67 +183,109 @@ def main():
     if args.only:
         keep = set(args.only.split(","))
         chosen = [c for c in chosen if c[0] in keep or c[0] == "kvgate"]
+    cells = [(w, int(n)) for w, n in (c.rsplit(":", 1) for c in args.cells.split(","))]
     for rnd in range(args.rounds):
-        for name, kind, cmd in chosen:
+        turn = rnd % len(chosen)
+        for name, kind, cmd in chosen[turn:] + chosen[:turn]:
             port = free_port()
             server = Server(name.replace(" ", "-").replace("(", "").replace(")", ""),
                             [*cmd, "--port", str(port)], port, logs)
             try:
                 if not rendered:
+                    # Rendered by the first kvgate server to start (every round has one).
                     rendered = {w: [render(port, p) for p in ps]
                                 for w, ps in (("grounded", GROUNDED), ("open chat", OPEN))}
-                for workload, prompts in rendered.items():
-                    for streams in (1, 16):
-                        batch = prompts * (2 if streams == 16 else 1)
-                        before = metric(port, "kvgate_worker_spec_decode") if kind == "kvgate" else {}
-                        started = time.perf_counter()
-                        results = load(port, batch, streams, args.max_tokens)
-                        wall = time.perf_counter() - started
-                        after = metric(port, "kvgate_worker_spec_decode") if kind == "kvgate" else {}
-                        tokens = sum(max(n - 1, 0) for _, n, _, _ in results)
-                        seconds = sum(s for _, _, s, _ in results)
-                        # One stream: its decode rate; 16: all tokens over the load's wall time.
-                        rate = tokens / seconds if streams == 1 else sum(n for _, n, _, _ in results) / wall
-                        if kind == "kvgate":
-                            d = lambda k: after.get(k, 0) - before.get(k, 0)
-                            drafted = d("kvgate_worker_spec_decode_draft_tokens_total")
-                            kept = d("kvgate_worker_spec_decode_accepted_tokens_total")
-                            drafts = d("kvgate_worker_spec_decode_drafts_total")
-                            per_pos = [d(f'kvgate_worker_spec_decode_accepted_tokens_per_pos_total{{position="{i}"}}')
-                                       for i in range(8)]
-                        else:
-                            drafted = sum(t.get("draft_n", 0) for *_, t in results)
-                            kept = sum(t.get("draft_n_accepted", 0) for *_, t in results)
-                            drafts, per_pos = None, None
-                        texts = [t for t, *_ in results]
-                        # Against the same engine's plain output (the first config of each
-                        # kind); llama-server's plain output also against kvgate's (llama.cpp
-                        # built for AVX-512 rounds otherwise than kvgate, which reproduces its
-                        # AVX2 build).
-                        reference.setdefault((kind, workload, streams), texts)
-                        differ = sum(a != b for a, b in zip(texts, reference[(kind, workload, streams)]))
-                        kvgate_texts = reference.get(("kvgate", workload, streams), texts)
-                        differ_from_kvgate = sum(a != b for a, b in zip(texts, kvgate_texts))
-                        row = dict(round=rnd + 1, config=name, workload=workload, streams=streams,
-                                   tok_s=round(rate, 1), drafted=drafted, accepted=kept,
-                                   acceptance=round(kept / drafted, 3) if drafted else None,
-                                   mean_accepted_length=round(1 + kept / drafts, 2) if drafts else None,
-                                   accepted_per_pos=per_pos, outputs_differ=differ,
-                                   outputs_differ_from_kvgate=differ_from_kvgate,
-                                   outputs=len(texts))
-                        rows.append(row)
-                        print(json.dumps(row), flush=True)
+                for workload, streams in cells:
+                    if workload not in rendered:
+                        raise SystemExit(f"{name} started before any kvgate server rendered the prompts")
+                    prompts = rendered[workload]
+                    batch = prompts * (2 if streams == 16 else 1)
+                    before = metric(port, "kvgate_worker_spec_decode") if kind == "kvgate" else {}
+                    started = time.perf_counter()
+                    results = load(port, batch, streams, args.max_tokens)
+                    wall = time.perf_counter() - started
+                    after = metric(port, "kvgate_worker_spec_decode") if kind == "kvgate" else {}
+                    tokens = sum(max(n - 1, 0) for _, n, _, _ in results)
+                    seconds = sum(s for _, _, s, _ in results)
+                    # One stream: its decode rate; 16: all tokens over the load's wall time.
+                    rate = tokens / seconds if streams == 1 else sum(n for _, n, _, _ in results) / wall
+                    if kind == "kvgate":
+                        d = lambda k: after.get(k, 0) - before.get(k, 0)
+                        drafted = d("kvgate_worker_spec_decode_draft_tokens_total")
+                        kept = d("kvgate_worker_spec_decode_accepted_tokens_total")
+                        drafts = d("kvgate_worker_spec_decode_drafts_total")
+                        per_pos = [d(f'kvgate_worker_spec_decode_accepted_tokens_per_pos_total{{position="{i}"}}')
+                                   for i in range(8)]
+                    else:
+                        drafted = sum(t.get("draft_n", 0) for *_, t in results)
+                        kept = sum(t.get("draft_n_accepted", 0) for *_, t in results)
+                        drafts, per_pos = None, None
+                    texts = [t for t, *_ in results]
+                    # Against the same engine's plain output (the first config of each
+                    # kind); llama-server's plain output also against kvgate's (llama.cpp
+                    # built for AVX-512 rounds otherwise than kvgate, which reproduces its
+                    # AVX2 build).
+                    reference.setdefault((kind, workload, streams), texts)
+                    differ = sum(a != b for a, b in zip(texts, reference[(kind, workload, streams)]))
+                    kvgate_texts = reference.get(("kvgate", workload, streams), texts)
+                    differ_from_kvgate = sum(a != b for a, b in zip(texts, kvgate_texts))
+                    row = dict(round=rnd + 1, config=name, workload=workload, streams=streams,
+                               tok_s=round(rate, 1), drafted=drafted, accepted=kept,
+                               acceptance=round(kept / drafted, 3) if drafted else None,
+                               mean_accepted_length=round(1 + kept / drafts, 2) if drafts else None,
+                               accepted_per_pos=per_pos, outputs_differ=differ,
+                               outputs_differ_from_kvgate=differ_from_kvgate,
+                               outputs=len(texts))
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
             finally:
                 server.stop()
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(rows, f, indent=1)
-    print(table(rows))
+    print(table(rows, cells))
+    print()
+    print(ratios(rows, cells))
 
 
-def table(rows):
+def ratios(rows, cells):
+    """Markdown: each kvgate config's tok/s over plain kvgate's and over llama-server's fastest
+    config's, each in the same round (median, then every round's)."""
+    def rate(rnd, config, w, n):
+        got = [r["tok_s"] for r in rows
+               if (r["round"], r["config"], r["workload"], r["streams"]) == (rnd, config, w, n)]
+        return got[0] if got else None
+
+    def cell(config, w, n, over):
+        rs = []
+        for rnd in sorted({r["round"] for r in rows}):
+            a, b = rate(rnd, config, w, n), over(rnd, w, n)
+            if a and b:
+                rs.append(a / b)
+        if not rs:
+            return ""
+        return f"{statistics.median(rs):.2f} [{' '.join(f'{x:.2f}' for x in rs)}]"
+
+    def llama_best(rnd, w, n):
+        got = [r["tok_s"] for r in rows if r["round"] == rnd and r["config"].startswith("llama")
+               and (r["workload"], r["streams"]) == (w, n)]
+        return max(got) if got else None
+
+    header = " | ".join(f"{w}, {n} stream{'s' * (n > 1)}" for w, n in cells)
+    lines = [f"| ratio, same round | {header} |", "|---|" + "---:|" * len(cells)]
+    kvgate = [c for c in dict.fromkeys(r["config"] for r in rows) if not c.startswith("llama")]
+    for config in kvgate[1:]:
+        lines.append(f"| {config} / kvgate | "
+                     + " | ".join(cell(config, w, n, lambda rnd, w, n: rate(rnd, "kvgate", w, n))
+                                  for w, n in cells) + " |")
+    for config in kvgate:
+        lines.append(f"| {config} / llama-server's fastest | "
+                     + " | ".join(cell(config, w, n, llama_best) for w, n in cells) + " |")
+    return "\n".join(lines)
+
+
+def table(rows, cells):
     """Markdown: each config's median tok/s per cell over the rounds (min-max beside it), with
     acceptance and outputs unlike the same engine's without speculation."""
-    cells = [("grounded", 1), ("grounded", 16), ("open chat", 1), ("open chat", 16)]
     lines = ["| config | " + " | ".join(f"{w}, {n} stream{'s' * (n > 1)}" for w, n in cells) + " |",
              "|---|" + "---:|" * len(cells)]
     for config in dict.fromkeys(r["config"] for r in rows):
@@ -249,7 +296,7 @@ def table(rows):
             if not rates:
                 out.append("")
                 continue
-            text = f"{rates[len(rates) // 2]:.1f} ({rates[0]:.1f}-{rates[-1]:.1f})"
+            text = f"{statistics.median(rates):.1f} ({rates[0]:.1f}-{rates[-1]:.1f})"
             drafted = sum(r["drafted"] or 0 for r in got)
             if drafted:
                 text += f", acc {sum(r['accepted'] for r in got) / drafted:.2f}"

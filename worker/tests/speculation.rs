@@ -179,13 +179,8 @@ fn drafts_are_counted_per_position_and_follow_acceptance() {
 #[test]
 fn drafts_kept_in_runs_grow_past_one_token() {
     let mut e = engine(512);
-    let config = SpecConfig::new(
-        Method::Ngram,
-        8,
-        NgramSettings::new(2, 4).unwrap(),
-        None,
-    )
-    .unwrap();
+    let config =
+        SpecConfig::new(Method::Ngram, 8, NgramSettings::new(2, 4).unwrap(), None).unwrap();
     let costs = kvgate_worker::spec::StepCosts::from_points(vec![
         (1, 1.0),
         (2, 1.45),

@@ -8,8 +8,7 @@ use super::EngineConfig;
 use crate::kv::KvManager;
 use crate::request::{Request, RequestId, RequestMap};
 use crate::sched::{Slice, StepPlan};
-use crate::spec::plan::Rate;
-use crate::spec::plan::{choose, Offer};
+use crate::spec::plan::{choose, Offer, Rate};
 use crate::spec::{Acceptance, DraftAsk, Drafter, SpecConfig, StepCosts};
 use kvgate_protocol::worker_stats::SpecStats;
 
@@ -109,7 +108,7 @@ impl Speculator {
         let engine_first = optimistic(&self.acceptance.first, PRIOR);
         let engine_then = optimistic(&self.acceptance.then, engine_first);
         // Each decode slice's room to draft, and its acceptance rates.
-        let mut open: Vec<(usize, usize, Offer)> = Vec::new();
+        let mut open: Vec<(usize, Offer)> = Vec::new();
         for (i, s) in plan.slices.iter().enumerate() {
             let Some(req) = requests.get(&s.id) else {
                 continue;
@@ -124,7 +123,7 @@ impl Speculator {
                 .saturating_sub(1);
             let k = self.config.num_tokens.min(left);
             if k > 0 {
-                let rates = Offer {
+                let offer = Offer {
                     first: req
                         .acceptance
                         .first
@@ -132,13 +131,13 @@ impl Speculator {
                     then: req.acceptance.then.rate(engine_then, REQUEST_PRIOR_WEIGHT),
                     len: k,
                 };
-                open.push((i, k, rates));
+                open.push((i, offer));
             }
         }
         // Were every draft full length, how much of each would be verified? None: nothing is
         // proposed. A drafter that costs proposes no more than that.
         let draft_cost = self.drafter.cost_per_token();
-        let bound: Vec<Offer> = open.iter().map(|&(_, _, o)| o).collect();
+        let bound: Vec<Offer> = open.iter().map(|&(_, o)| o).collect();
         let bound = choose(
             &bound,
             base_tokens,
@@ -152,12 +151,12 @@ impl Speculator {
         }
         let mut asked = Vec::new();
         let mut asks = Vec::new();
-        for (&(i, k, rates), &n) in open.iter().zip(&bound) {
-            let k = if draft_cost > 0.0 { n } else { k };
+        for (&(i, offer), &n) in open.iter().zip(&bound) {
+            let k = if draft_cost > 0.0 { n } else { offer.len };
             let Some(req) = requests.get(&plan.slices[i].id).filter(|_| k > 0) else {
                 continue;
             };
-            asked.push((i, rates));
+            asked.push((i, offer));
             asks.push(DraftAsk {
                 id: req.id,
                 context: &req.tokens,
@@ -169,11 +168,11 @@ impl Speculator {
         drop(asks);
         let mut candidates = Vec::new();
         let mut offers = Vec::new();
-        for (&(i, rates), tokens) in asked.iter().zip(drafts) {
+        for (&(i, offer), tokens) in asked.iter().zip(drafts) {
             if !tokens.is_empty() {
                 offers.push(Offer {
                     len: tokens.len(),
-                    ..rates
+                    ..offer
                 });
                 candidates.push(Candidate { slice: i, tokens });
             }
