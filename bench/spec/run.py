@@ -70,17 +70,24 @@ class Server:
         self.log = open(os.path.join(logs, f"{name}.log"), "w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT,
                                      start_new_session=True)
+        try:
+            self.wait_healthy()
+        except BaseException:
+            # Interrupted or failed while starting: the process goes with the script.
+            self.stop()
+            raise
+
+    def wait_healthy(self):
         deadline = time.time() + 120
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise SystemExit(f"{name} exited: see {self.log.name}")
+                raise SystemExit(f"{self.name} exited: see {self.log.name}")
             try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1).read()
                 return
             except Exception:
                 time.sleep(0.3)
-        self.stop()
-        raise SystemExit(f"{name} never became healthy")
+        raise SystemExit(f"{self.name} never became healthy")
 
     def stop(self):
         if self.proc.poll() is None:

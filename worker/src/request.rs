@@ -1,7 +1,7 @@
 //! A request as the engine tracks it.
 
 use crate::kv::KvBlocks;
-use crate::spec::Acceptance;
+use crate::spec::{Acceptance, SOURCES};
 
 pub type RequestId = u64;
 
@@ -101,8 +101,10 @@ pub struct Request {
     pub block_hashes: Vec<u64>,
     pub kv: KvBlocks,
     pub preemptions: u32,
-    /// How its speculative drafts have fared.
-    pub acceptance: Acceptance,
+    /// How its speculative drafts have fared, per drafter source.
+    pub acceptance: [Acceptance; SOURCES],
+    /// The source of the draft in the step being computed.
+    pub draft_source: usize,
 }
 
 impl Request {

@@ -126,7 +126,7 @@ fn the_draft_cache_gives_every_block_back_and_makes_room_for_new_requests() {
             .collect();
         let drafts = d.propose_batch(&asks);
         for (ask, draft) in asks.iter().zip(&drafts) {
-            assert_eq!(draft.len(), ask.k, "round {round}: every ask fits");
+            assert_eq!(draft.tokens.len(), ask.k, "round {round}: every ask fits");
             assert_eq!(d.cached_tokens(ask.id), ask.context.len() + ask.k - 1);
         }
         if round % 4 == 0 {
@@ -141,7 +141,7 @@ fn the_draft_cache_gives_every_block_back_and_makes_room_for_new_requests() {
         num_prompt_tokens: 400,
         k: 4,
     };
-    assert!(d.propose_batch(&[ask])[0].is_empty());
+    assert!(d.propose_batch(&[ask])[0].tokens.is_empty());
     assert_eq!(d.cached_tokens(99), 0);
     for id in 0..contexts.len() as u64 {
         d.forget(id);
@@ -156,7 +156,7 @@ fn the_draft_cache_gives_every_block_back_and_makes_room_for_new_requests() {
     };
     d.propose_batch(&[ask(50, 5)]);
     let caught_up = d.propose_batch(&[ask(60, 3)]);
-    assert_eq!(d.propose(&contexts[0][..60], 3), caught_up[0]);
+    assert_eq!(d.propose(&contexts[0][..60], 3), caught_up[0].tokens);
 }
 
 #[test]

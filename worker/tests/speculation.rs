@@ -9,7 +9,7 @@ use kvgate_protocol::HashSeed;
 use kvgate_worker::backend::sim::{SimBackend, SimDrafter};
 use kvgate_worker::backend::Backend;
 use kvgate_worker::sched::SchedulerConfig;
-use kvgate_worker::spec::{Method, NgramSettings, SpecConfig};
+use kvgate_worker::spec::{Draft, DraftAsk, Drafter, Method, NgramSettings, SpecConfig};
 use kvgate_worker::{Engine, EngineConfig, NewRequest, SamplingParams};
 use std::collections::HashMap;
 
@@ -209,6 +209,86 @@ fn drafts_kept_in_runs_grow_past_one_token() {
     assert!(
         s.accepted_per_pos[1] * 2 > s.drafts,
         "most drafts longer than one token: {s:?}"
+    );
+}
+
+/// Right from one source, wrong from the other (as the suffix drafter's own context and shared
+/// cache can be on open chat), alternating by the context's length.
+#[derive(Clone)]
+struct TwoSources {
+    right: SimDrafter,
+    wrong: SimDrafter,
+}
+
+impl Drafter for TwoSources {
+    fn propose(&mut self, context: &[u32], k: usize) -> Vec<u32> {
+        self.propose_batch(&[DraftAsk {
+            id: 0,
+            context,
+            num_prompt_tokens: 0,
+            k,
+        }])
+        .swap_remove(0)
+        .tokens
+    }
+
+    fn propose_batch(&mut self, asks: &[DraftAsk<'_>]) -> Vec<Draft> {
+        asks.iter()
+            .map(|a| {
+                let source = a.context.len() % 2;
+                let drafter = if source == 0 {
+                    &mut self.right
+                } else {
+                    &mut self.wrong
+                };
+                Draft {
+                    tokens: drafter.propose(a.context, a.k),
+                    source,
+                }
+            })
+            .collect()
+    }
+
+    fn clone_box(&self) -> Box<dyn Drafter> {
+        Box::new(self.clone())
+    }
+}
+
+/// A source whose drafts fail stops being verified while the other's still are: each source
+/// has its own running rates (shared ones would value both at the mix).
+#[test]
+fn a_failing_source_stops_drafting_while_a_good_one_goes_on() {
+    let mut e = engine(512);
+    let config =
+        SpecConfig::new(Method::Ngram, 4, NgramSettings::new(2, 4).unwrap(), None).unwrap();
+    let costs =
+        kvgate_worker::spec::StepCosts::from_points(vec![(1, 1.0), (2, 1.45), (5, 2.9)]).unwrap();
+    let drafter = TwoSources {
+        right: SimDrafter::new(sim(), 1.0),
+        wrong: SimDrafter::new(sim(), 0.0),
+    };
+    e.enable_speculation_at(config, Box::new(drafter), costs);
+    for id in 0..4 {
+        e.add_request(NewRequest {
+            id,
+            prompt: (0..64).map(|t| t + id as u32 * 100).collect(),
+            params: SamplingParams {
+                max_tokens: 300,
+                ignore_eos: true,
+                ..Default::default()
+            },
+            priority: 0,
+        })
+        .unwrap();
+        while e.has_work() {
+            e.step().unwrap();
+        }
+    }
+    let s = e.stats().spec;
+    let kept = s.accepted_tokens as f64 / s.draft_tokens as f64;
+    assert!(
+        s.drafts > 50 && kept > 0.8,
+        "{kept:.2} of drafted tokens kept: {s:?}"
     );
 }
 

@@ -188,6 +188,7 @@ impl<B: Backend> Engine<B> {
                     kv: kv.adopt(&r.kv),
                     preemptions: r.preemptions,
                     acceptance: r.acceptance,
+                    draft_source: r.draft_source,
                 };
                 (id, copy)
             })
@@ -254,6 +255,7 @@ impl<B: Backend> Engine<B> {
             kv: self.kv.empty_blocks(),
             preemptions: 0,
             acceptance: Default::default(),
+            draft_source: 0,
         };
         if let Some(spec) = &mut self.spec {
             spec.learn_prompt(&req.tokens);

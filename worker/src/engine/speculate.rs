@@ -9,7 +9,7 @@ use crate::kv::KvManager;
 use crate::request::{Request, RequestId, RequestMap};
 use crate::sched::{Slice, StepPlan};
 use crate::spec::plan::{choose, Offer, Rate};
-use crate::spec::{Acceptance, DraftAsk, Drafter, SpecConfig, StepCosts};
+use crate::spec::{Acceptance, DraftAsk, Drafter, SpecConfig, StepCosts, SOURCES};
 use kvgate_protocol::worker_stats::SpecStats;
 
 /// The engine-wide acceptance rates (of a draft's first token, and of later ones) start at this,
@@ -28,7 +28,8 @@ pub(super) struct Speculator {
     config: SpecConfig,
     drafter: Box<dyn Drafter>,
     costs: StepCosts,
-    acceptance: Acceptance,
+    /// Engine-wide, per drafter source.
+    acceptance: [Acceptance; SOURCES],
     pub(super) stats: SpecStats,
 }
 
@@ -48,6 +49,7 @@ impl Clone for Speculator {
 struct Candidate {
     slice: usize,
     tokens: Vec<u32>,
+    source: usize,
 }
 
 impl Speculator {
@@ -56,7 +58,7 @@ impl Speculator {
             drafter,
             config,
             costs,
-            acceptance: Acceptance::default(),
+            acceptance: Default::default(),
             stats: SpecStats::default(),
         }
     }
@@ -105,9 +107,23 @@ impl Speculator {
         let optimistic = |rate: &Rate, prior: f64| {
             (rate.rate(prior, ENGINE_PRIOR_WEIGHT) + EXPLORE / (rate.seen() + 1.0).sqrt()).min(1.0)
         };
-        let engine_first = optimistic(&self.acceptance.first, PRIOR);
-        let engine_then = optimistic(&self.acceptance.then, engine_first);
-        // Each decode slice's room to draft, and its acceptance rates.
+        let shared: [(f64, f64); SOURCES] = std::array::from_fn(|source| {
+            let a = &self.acceptance[source];
+            let first = optimistic(&a.first, PRIOR);
+            (first, optimistic(&a.then, first))
+        });
+        // A request's rates for drafts from `source`.
+        let offer = |req: &Request, source: usize, len: usize| {
+            let (first, then) = shared[source];
+            let a = &req.acceptance[source];
+            Offer {
+                first: a.first.rate(first, REQUEST_PRIOR_WEIGHT),
+                then: a.then.rate(then, REQUEST_PRIOR_WEIGHT),
+                len,
+            }
+        };
+        // Each decode slice's room to draft, and its best source's rates (an upper bound until
+        // the draft says where it came from).
         let mut open: Vec<(usize, Offer)> = Vec::new();
         for (i, s) in plan.slices.iter().enumerate() {
             let Some(req) = requests.get(&s.id) else {
@@ -123,15 +139,15 @@ impl Speculator {
                 .saturating_sub(1);
             let k = self.config.num_tokens.min(left);
             if k > 0 {
-                let offer = Offer {
-                    first: req
-                        .acceptance
-                        .first
-                        .rate(engine_first, REQUEST_PRIOR_WEIGHT),
-                    then: req.acceptance.then.rate(engine_then, REQUEST_PRIOR_WEIGHT),
-                    len: k,
-                };
-                open.push((i, offer));
+                let best = (0..SOURCES)
+                    .map(|source| offer(req, source, k))
+                    .max_by(|a, b| a.first.total_cmp(&b.first))
+                    .unwrap_or(Offer {
+                        first: 0.0,
+                        then: 0.0,
+                        len: 0,
+                    });
+                open.push((i, best));
             }
         }
         // Were every draft full length, how much of each would be verified? None: nothing is
@@ -156,7 +172,7 @@ impl Speculator {
             let Some(req) = requests.get(&plan.slices[i].id).filter(|_| k > 0) else {
                 continue;
             };
-            asked.push((i, offer));
+            asked.push(i);
             asks.push(DraftAsk {
                 id: req.id,
                 context: &req.tokens,
@@ -168,13 +184,17 @@ impl Speculator {
         drop(asks);
         let mut candidates = Vec::new();
         let mut offers = Vec::new();
-        for (&(i, offer), tokens) in asked.iter().zip(drafts) {
-            if !tokens.is_empty() {
-                offers.push(Offer {
-                    len: tokens.len(),
-                    ..offer
+        for (&i, draft) in asked.iter().zip(drafts) {
+            let Some(req) = requests.get(&plan.slices[i].id) else {
+                continue;
+            };
+            if !draft.tokens.is_empty() && draft.source < SOURCES {
+                offers.push(offer(req, draft.source, draft.tokens.len()));
+                candidates.push(Candidate {
+                    slice: i,
+                    tokens: draft.tokens,
+                    source: draft.source,
                 });
-                candidates.push(Candidate { slice: i, tokens });
             }
         }
         // The drafts exist now: their cost is spent, only verification's counts.
@@ -188,6 +208,7 @@ impl Speculator {
                 continue;
             }
             req.tokens.extend_from_slice(&c.tokens[..n]);
+            req.draft_source = c.source;
             slice.len += n;
             slice.draft = n;
         }
@@ -215,8 +236,9 @@ impl Speculator {
     /// ones and the model's own. Returns the tokens of the draft kept.
     pub(super) fn settle(&mut self, slice: &Slice, emitted: usize, req: &mut Request) -> usize {
         let kept = emitted.saturating_sub(1).min(slice.draft);
-        req.acceptance.record(slice.draft, kept);
-        self.acceptance.record(slice.draft, kept);
+        let source = req.draft_source.min(SOURCES - 1);
+        req.acceptance[source].record(slice.draft, kept);
+        self.acceptance[source].record(slice.draft, kept);
         let stats = &mut self.stats;
         stats.drafts += 1;
         stats.draft_tokens += slice.draft as u64;

@@ -29,6 +29,17 @@ pub struct DraftAsk<'a> {
     pub k: usize,
 }
 
+/// Sources a drafter tells apart (the suffix drafter: the request's own context, and what other
+/// requests said), each of its own worth: a request keeps running rates per source.
+pub const SOURCES: usize = 2;
+
+/// Proposed tokens, and which of the drafter's sources they came from (below [`SOURCES`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Draft {
+    pub tokens: Vec<u32>,
+    pub source: usize,
+}
+
 /// Proposes the tokens likely to follow a request's context (its prompt and output so far).
 pub trait Drafter: Send {
     /// At most `k` tokens that may follow `context`; empty when it has no guess. The caller
@@ -36,9 +47,14 @@ pub trait Drafter: Send {
     fn propose(&mut self, context: &[u32], k: usize) -> Vec<u32>;
 
     /// Drafts for a step's requests, in order (a draft model runs them as one batch and keeps
-    /// each request's state between steps); by default one by one.
-    fn propose_batch(&mut self, asks: &[DraftAsk<'_>]) -> Vec<Vec<u32>> {
-        asks.iter().map(|a| self.propose(a.context, a.k)).collect()
+    /// each request's state between steps); by default one by one, all from source 0.
+    fn propose_batch(&mut self, asks: &[DraftAsk<'_>]) -> Vec<Draft> {
+        asks.iter()
+            .map(|a| Draft {
+                tokens: self.propose(a.context, a.k),
+                source: 0,
+            })
+            .collect()
     }
 
     /// What drafting one token costs, relative to a one-token step of the target: the

@@ -4,7 +4,7 @@
 //! entries, least recently used dropped first; a later occurrence of an n-gram replaces the
 //! earlier one's continuation.
 
-use super::{Drafter, NgramDrafter, NgramSettings};
+use super::{Draft, DraftAsk, Drafter, NgramDrafter, NgramSettings};
 use lru::LruCache;
 use std::num::NonZeroUsize;
 
@@ -80,8 +80,9 @@ impl SuffixCache {
     }
 }
 
-/// The request's own context first (prompt lookup, the most specific evidence), then what
-/// every request before it said.
+/// The request's own context first (prompt lookup, the most specific evidence: source 0), then
+/// what every request before it said (source 1, whose drafts fare otherwise: worth much on
+/// repeated answers, little on open chat).
 #[derive(Debug, Clone)]
 pub struct SuffixDrafter {
     lookup: NgramDrafter,
@@ -97,13 +98,29 @@ impl SuffixDrafter {
     }
 }
 
-impl Drafter for SuffixDrafter {
-    fn propose(&mut self, context: &[u32], k: usize) -> Vec<u32> {
+impl SuffixDrafter {
+    fn draft(&mut self, context: &[u32], k: usize) -> Draft {
         let own = self.lookup.propose(context, k);
         if !own.is_empty() {
-            return own;
+            return Draft {
+                tokens: own,
+                source: 0,
+            };
         }
-        self.cache.propose(context, k)
+        Draft {
+            tokens: self.cache.propose(context, k),
+            source: 1,
+        }
+    }
+}
+
+impl Drafter for SuffixDrafter {
+    fn propose(&mut self, context: &[u32], k: usize) -> Vec<u32> {
+        self.draft(context, k).tokens
+    }
+
+    fn propose_batch(&mut self, asks: &[DraftAsk<'_>]) -> Vec<Draft> {
+        asks.iter().map(|a| self.draft(a.context, a.k)).collect()
     }
 
     fn learn_prompt(&mut self, prompt: &[u32]) {
@@ -171,6 +188,18 @@ mod tests {
         assert_eq!(d.propose(&[1, 2, 3, 9, 4, 5, 1, 2], 2), vec![3, 9]);
         // Nothing of its own: what another request said after [40..43].
         assert_eq!(d.propose(&[0, 40, 41, 42, 43], 2), vec![6, 7]);
+        let ask = |context| DraftAsk {
+            id: 1,
+            context,
+            num_prompt_tokens: 1,
+            k: 2,
+        };
+        let sources: Vec<usize> = d
+            .propose_batch(&[ask(&[1, 2, 3, 1, 2]), ask(&[0, 40, 41, 42, 43])])
+            .iter()
+            .map(|draft| draft.source)
+            .collect();
+        assert_eq!(sources, [0, 1], "its own context, then the shared cache");
         assert!(
             d.propose(&[0, 42, 43], 2).is_empty(),
             "two tokens in common with another request are not enough"

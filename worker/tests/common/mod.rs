@@ -6,7 +6,7 @@ use kvgate_worker::backend::cpu::{CpuBackend, CpuConfig};
 use kvgate_worker::backend::profile::{Efficiency, Hardware, ModelCost, Profile};
 use kvgate_worker::model::ModelFile;
 use kvgate_worker::sched::SchedulerConfig;
-use kvgate_worker::spec::{DraftAsk, Drafter};
+use kvgate_worker::spec::{Draft, DraftAsk, Drafter};
 use kvgate_worker::{Engine, EngineConfig, SamplingParams};
 use std::path::PathBuf;
 
@@ -166,7 +166,7 @@ impl Drafter for Free {
         self.0.propose(context, k)
     }
 
-    fn propose_batch(&mut self, asks: &[DraftAsk<'_>]) -> Vec<Vec<u32>> {
+    fn propose_batch(&mut self, asks: &[DraftAsk<'_>]) -> Vec<Draft> {
         self.0.propose_batch(asks)
     }
 

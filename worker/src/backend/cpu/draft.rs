@@ -14,7 +14,7 @@ use crate::kv::BlockId;
 use crate::model::{LlamaParams, ModelFile};
 use crate::request::{RequestId, RequestMap, SamplingParams};
 use crate::sample::argmax;
-use crate::spec::{DraftAsk, Drafter};
+use crate::spec::{Draft, DraftAsk, Drafter};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -232,10 +232,10 @@ impl Drafter for ModelDrafter {
             k,
         }]);
         self.forget(id);
-        draft.into_iter().next().unwrap_or_default()
+        draft.into_iter().next().unwrap_or_default().tokens
     }
 
-    fn propose_batch(&mut self, asks: &[DraftAsk<'_>]) -> Vec<Vec<u32>> {
+    fn propose_batch(&mut self, asks: &[DraftAsk<'_>]) -> Vec<Draft> {
         self.clock += 1;
         let mut drafts = vec![Vec::new(); asks.len()];
         // (ask, next position to feed) of every request that drafts.
@@ -292,6 +292,9 @@ impl Drafter for ModelDrafter {
             }
         }
         drafts
+            .into_iter()
+            .map(|tokens| Draft { tokens, source: 0 })
+            .collect()
     }
 
     fn cost_per_token(&self) -> f64 {
