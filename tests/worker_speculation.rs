@@ -39,8 +39,8 @@ async fn a_speculative_worker_answers_as_a_plain_one() {
     let cut_path = cut.0.display().to_string();
     let draft = ["--spec-method", "draft", "--spec-draft-model", &cut_path];
     let fast = [
-        SimWorker::start_cpu(&[&CPU[..], &["--spec-method", "ngram"]].concat()).await,
-        SimWorker::start_cpu(&[&CPU[..], &draft].concat()).await,
+        ("ngram", SimWorker::start_cpu(&[&CPU[..], &["--spec-method", "ngram"]].concat()).await),
+        ("draft", SimWorker::start_cpu(&[&CPU[..], &draft].concat()).await),
     ];
     let cases = [
         serde_json::json!({}),
@@ -52,14 +52,14 @@ async fn a_speculative_worker_answers_as_a_plain_one() {
     for case in cases {
         let body = request(case.clone());
         let (s1, a) = post(&plain.url(), "/v1/chat/completions", &body).await;
-        for fast in &fast {
+        for (method, fast) in &fast {
             let (s2, b) = post(&fast.url(), "/v1/chat/completions", &body).await;
             assert_eq!((s1, s2), (200, 200), "{a} {b}");
-            assert_eq!(a["choices"], b["choices"], "{case}");
-            assert_eq!(a["usage"], b["usage"], "{case}");
+            assert_eq!(a["choices"], b["choices"], "{method}: {case}");
+            assert_eq!(a["usage"], b["usage"], "{method}: {case}");
         }
     }
-    for fast in &fast {
+    for (_, fast) in &fast {
         let stats = fast.get("/stats").await;
         eprintln!("speculation on this machine: {}", stats["engine"]["spec"]);
     }

@@ -29,7 +29,8 @@ pub struct BatchSlice<'a> {
     /// and the model's next one.
     pub draft: usize,
     pub params: &'a SamplingParams,
-    /// Output tokens generated so far (for per-position seeds).
+    /// Output tokens in `tokens`, this slice's draft included: the first drafted position
+    /// (or the sampled one, without a draft) is output position `num_output_tokens - draft`.
     pub num_output_tokens: usize,
 }
 

@@ -135,7 +135,8 @@ impl Backend for CpuBackend {
             }
             let end = s.start + s.len;
             let draft = &s.tokens[end + 1 - slice_rows.len()..end];
-            let verified = verify_logits(&slice_rows, draft, s.params, seed, s.num_output_tokens);
+            let position = s.num_output_tokens.saturating_sub(s.draft);
+            let verified = verify_logits(&slice_rows, draft, s.params, seed, position);
             sampled.extend(
                 verified
                     .tokens
@@ -185,24 +186,35 @@ impl Backend for CpuBackend {
             .collect();
         let table: Vec<u32> = (1..=blocks as u32).collect();
         let params = SamplingParams::default();
-        let slice = |start: usize, len: usize| BatchSlice {
+        // The context as a prompt, then steps shaped as the engine's: one output token
+        // already sampled, then the draft.
+        let prompt = BatchSlice {
             id: 0,
-            tokens: &tokens,
-            start,
-            len,
+            tokens: &tokens[..CONTEXT],
+            start: 0,
+            len: CONTEXT,
             block_table: &table,
-            samples: true,
-            draft: len - 1,
+            samples: false,
+            draft: 0,
             params: &params,
             num_output_tokens: 0,
         };
-        self.forward.run(&[slice(0, CONTEXT)]);
+        let step = |len: usize| BatchSlice {
+            tokens: &tokens[..CONTEXT + len],
+            start: CONTEXT,
+            len,
+            samples: true,
+            draft: len - 1,
+            num_output_tokens: len,
+            ..prompt
+        };
+        self.forward.run(&[prompt]);
         let mut points = Vec::with_capacity(sizes.len());
         for n in sizes {
             let mut best = Duration::MAX;
             for _ in 0..RUNS {
                 let started = Instant::now();
-                if self.execute(&[slice(CONTEXT, n)]).is_err() {
+                if self.execute(&[step(n)]).is_err() {
                     return StepCosts::linear();
                 }
                 best = best.min(started.elapsed());
