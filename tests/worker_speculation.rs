@@ -39,8 +39,14 @@ async fn a_speculative_worker_answers_as_a_plain_one() {
     let cut_path = cut.0.display().to_string();
     let draft = ["--spec-method", "draft", "--spec-draft-model", &cut_path];
     let fast = [
-        ("ngram", SimWorker::start_cpu(&[&CPU[..], &["--spec-method", "ngram"]].concat()).await),
-        ("draft", SimWorker::start_cpu(&[&CPU[..], &draft].concat()).await),
+        (
+            "ngram",
+            SimWorker::start_cpu(&[&CPU[..], &["--spec-method", "ngram"]].concat()).await,
+        ),
+        (
+            "draft",
+            SimWorker::start_cpu(&[&CPU[..], &draft].concat()).await,
+        ),
     ];
     let cases = [
         serde_json::json!({}),

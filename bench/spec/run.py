@@ -12,14 +12,17 @@ outputs compare token for token across engines. Each round runs every config onc
 one config further along than the round before (a VM's speed drifts within minutes: a fixed
 order gave the config after llama-server's draft mode a steady 15 % edge); the table at the
 end gives each cell's median over rounds and each kvgate config's median ratio to plain
-kvgate in the same round.
+kvgate in the same round. At one stream, each kvgate drafter's figure also stands beside the
+gain its steps allow: the decode tokens over the steps' cost in one-token steps, by the step
+costs the worker measured at start (its log) at the mean verified length of its drafts; the
+ratio of the two says how much of that gain the engine turned into tokens.
 
 Usage: bench/spec/run.py [--threads 1] [--max-tokens 128] [--rounds 2] [--out DIR]
 Needs `cargo build --release --bin kvgate` (done here) and `bench/peers/install-llama`.
 Every server started here runs in a session of its own and is stopped by its PID, also when
 the script is interrupted or fails.
 """
-import argparse, json, os, signal, socket, statistics, subprocess, sys, tempfile, time, urllib.request
+import argparse, json, os, re, signal, socket, statistics, subprocess, sys, tempfile, time, urllib.request
 import concurrent.futures as cf
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -97,6 +100,36 @@ class Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+
+
+def step_costs(log_path):
+    """The step costs a kvgate worker logged at start, {tokens: cost of a one-token step}."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", open(log_path).read())
+    found = re.search(r"step_costs=\[([^\]]*)\]", text)
+    if not found:
+        return None
+    return {int(n): float(c) for n, c in re.findall(r"\((\d+), ([0-9.e+-]+)\)", found.group(1))}
+
+
+def cost_at(costs, tokens):
+    """A step's cost at a fractional token count, linear between the measured sizes."""
+    sizes = sorted(costs)
+    below = max((n for n in sizes if n <= tokens), default=sizes[0])
+    above = min((n for n in sizes if n >= tokens), default=sizes[-1])
+    if above == below:
+        return costs[below] * tokens / below
+    share = (tokens - below) / (above - below)
+    return costs[below] + share * (costs[above] - costs[below])
+
+
+def allowed_gain(costs, decode_tokens, drafts, drafted, kept):
+    """Decode tokens over the cost of the steps that made them (one stream): each draft's step
+    at the mean verified length, every other step one token."""
+    if not costs or not drafts:
+        return None
+    plain_steps = decode_tokens - drafts - kept
+    cost = plain_steps + drafts * cost_at(costs, 1 + drafted / drafts)
+    return decode_tokens / cost
 
 
 def post(port, path, body, timeout=600):
@@ -216,6 +249,7 @@ def main():
                     seconds = sum(s for _, _, s, _ in results)
                     # One stream: its decode rate; 16: all tokens over the load's wall time.
                     rate = tokens / seconds if streams == 1 else sum(n for _, n, _, _ in results) / wall
+                    gain = None
                     if kind == "kvgate":
                         d = lambda k: after.get(k, 0) - before.get(k, 0)
                         drafted = d("kvgate_worker_spec_decode_draft_tokens_total")
@@ -223,6 +257,9 @@ def main():
                         drafts = d("kvgate_worker_spec_decode_drafts_total")
                         per_pos = [d(f'kvgate_worker_spec_decode_accepted_tokens_per_pos_total{{position="{i}"}}')
                                    for i in range(8)]
+                        if streams == 1:
+                            gain = allowed_gain(step_costs(server.log.name), tokens, drafts,
+                                                drafted, kept)
                     else:
                         drafted = sum(t.get("draft_n", 0) for *_, t in results)
                         kept = sum(t.get("draft_n_accepted", 0) for *_, t in results)
@@ -242,7 +279,8 @@ def main():
                                mean_accepted_length=round(1 + kept / drafts, 2) if drafts else None,
                                accepted_per_pos=per_pos, outputs_differ=differ,
                                outputs_differ_from_kvgate=differ_from_kvgate,
-                               outputs=len(texts))
+                               outputs=len(texts),
+                               allowed_gain=round(gain, 3) if gain else None)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
             finally:
@@ -272,6 +310,14 @@ def ratios(rows, cells):
             return ""
         return f"{statistics.median(rs):.2f} [{' '.join(f'{x:.2f}' for x in rs)}]"
 
+    def allowed(rnd, config, w, n):
+        # The plain rate times the gain the config's steps allow: its rate over that is the
+        # share of the allowed gain it got.
+        got = [r.get("allowed_gain") for r in rows
+               if (r["round"], r["config"], r["workload"], r["streams"]) == (rnd, config, w, n)]
+        plain = rate(rnd, "kvgate", w, n)
+        return got[0] * plain if got and got[0] and plain else None
+
     def llama_best(rnd, w, n):
         got = [r["tok_s"] for r in rows if r["round"] == rnd and r["config"].startswith("llama")
                and (r["workload"], r["streams"]) == (w, n)]
@@ -284,6 +330,11 @@ def ratios(rows, cells):
         lines.append(f"| {config} / kvgate | "
                      + " | ".join(cell(config, w, n, lambda rnd, w, n: rate(rnd, "kvgate", w, n))
                                   for w, n in cells) + " |")
+    for config in kvgate[1:]:
+        if any(r["config"] == config and r.get("allowed_gain") for r in rows):
+            lines.append(f"| {config}: gain / gain its steps allow | "
+                         + " | ".join(cell(config, w, n, lambda rnd, w, n: allowed(rnd, config, w, n))
+                                      for w, n in cells) + " |")
     for config in kvgate:
         lines.append(f"| {config} / llama-server's fastest | "
                      + " | ".join(cell(config, w, n, llama_best) for w, n in cells) + " |")
