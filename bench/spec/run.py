@@ -22,8 +22,11 @@ Needs `cargo build --release --bin kvgate` (done here) and `bench/peers/install-
 Every server started here runs in a session of its own and is stopped by its PID, also when
 the script is interrupted or fails.
 """
-import argparse, json, os, re, signal, socket, statistics, subprocess, sys, tempfile, time, urllib.request
+import argparse, json, os, re, signal, statistics, subprocess, sys, tempfile, time, urllib.request
 import concurrent.futures as cf
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from servers import Server, free_port, post  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -59,49 +62,6 @@ OPEN = [
 ]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """One server process in a session of its own, stopped by its PID."""
-
-    def __init__(self, name, cmd, port, logs):
-        self.port, self.name = port, name
-        self.log = open(os.path.join(logs, f"{name}.log"), "w")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                     start_new_session=True)
-        try:
-            self.wait_healthy()
-        except BaseException:
-            # Interrupted or failed while starting: the process goes with the script.
-            self.stop()
-            raise
-
-    def wait_healthy(self):
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"{self.name} exited: see {self.log.name}")
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1).read()
-                return
-            except Exception:
-                time.sleep(0.3)
-        raise SystemExit(f"{self.name} never became healthy")
-
-    def stop(self):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-
-
 def step_costs(log_path):
     """The step costs a kvgate worker logged at start, {tokens: cost of a one-token step}."""
     text = re.sub(r"\x1b\[[0-9;]*m", "", open(log_path).read())
@@ -130,12 +90,6 @@ def allowed_gain(costs, decode_tokens, drafts, drafted, kept):
     plain_steps = decode_tokens - drafts - kept
     cost = plain_steps + drafts * cost_at(costs, 1 + drafted / drafts)
     return decode_tokens / cost
-
-
-def post(port, path, body, timeout=600):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    return urllib.request.urlopen(req, timeout=timeout)
 
 
 def render(port, prompt):

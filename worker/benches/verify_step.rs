@@ -73,14 +73,16 @@ fn main() {
         (0..batch)
             .map(|s| BatchSlice {
                 id: s as u64,
-                tokens: &tokens[s],
+                // Shaped as the engine's steps: the context as the prompt, then one sampled
+                // token and the draft (the attention sums as for output tokens).
+                tokens: &tokens[s][..start + len],
                 start,
                 len,
                 block_table: &tables[s],
                 samples: true,
                 draft,
                 params: &params,
-                num_output_tokens: 1,
+                num_output_tokens: if draft > 0 || start > 0 { len } else { 0 },
             })
             .collect()
     };
