@@ -104,6 +104,9 @@ enum Command {
         model: PathBuf,
         #[arg(long, default_value = "smollm2")]
         served_model_name: String,
+        /// CPU backend: each worker's offload tier, in MiB (as `kvgate worker`'s).
+        #[arg(long, default_value_t = 0)]
+        kv_offload_mib: usize,
         #[command(flatten)]
         spec: spec_cli::SpecArgs,
     },
@@ -119,6 +122,10 @@ enum Command {
         /// CPU backend: memory for the KV cache, in MiB.
         #[arg(long, default_value_t = 512)]
         kv_cache_mib: usize,
+        /// Host memory, in MiB, for prefix blocks evicted from the KV cache: a prefix found
+        /// there is loaded back instead of computed again (cpu backend; 0: none kept).
+        #[arg(long, default_value_t = 0)]
+        kv_offload_mib: usize,
         #[arg(long, default_value = "127.0.0.1")]
         host: std::net::IpAddr,
         #[arg(long)]
@@ -310,10 +317,21 @@ fn run(command: Command) -> Result<(), String> {
             threads,
             model,
             served_model_name,
+            kv_offload_mib,
             spec,
         } => {
             // Checked here, so that a bad flag is one error rather than one per worker.
             spec.config()?;
+            if kv_offload_mib > 0 && matches!(backend, Backend::Sim) {
+                return Err(
+                    "--kv-offload-mib needs the cpu backend: the sim backend holds no K/V to offload"
+                        .into(),
+                );
+            }
+            let mut worker_args = spec.to_args();
+            if kv_offload_mib > 0 {
+                worker_args.extend(["--kv-offload-mib".into(), kv_offload_mib.to_string()]);
+            }
             if !model.exists() {
                 return Err(format!(
                     "model file {} not found (scripts/fetch-model fetches the default)",
@@ -332,13 +350,14 @@ fn run(command: Command) -> Result<(), String> {
                 threads: threads.max(1),
                 model,
                 served_model_name,
-                worker_args: spec.to_args(),
+                worker_args,
             })
         }
         Command::Worker {
             backend,
             threads,
             kv_cache_mib,
+            kv_offload_mib,
             host,
             port,
             model,
@@ -408,6 +427,9 @@ fn run(command: Command) -> Result<(), String> {
                 prefix_caching: !no_prefix_caching,
                 adapters,
                 speculation,
+                offload_bytes: kv_offload_mib.checked_mul(1 << 20).ok_or_else(|| {
+                    format!("--kv-offload-mib {kv_offload_mib} is more memory than this machine can name")
+                })?,
             })
         }
         Command::CheckConfig { file } => match kvgate_router::check_config(&file) {

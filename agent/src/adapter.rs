@@ -94,6 +94,7 @@ impl EngineAdapter for Kvgate {
                 draft_tokens: e.spec.draft_tokens,
                 accepted_tokens: e.spec.accepted_tokens,
             }),
+            host_block_value: e.offload.load_cost.map(|c| (1.0 - c).clamp(0.0, 1.0)),
         })
     }
 }
@@ -149,6 +150,7 @@ impl EngineAdapter for Vllm {
                         .value("vllm:spec_decode_num_accepted_tokens_total")
                         .unwrap_or(0.0) as u64,
                 }),
+            host_block_value: None,
         })
     }
 }

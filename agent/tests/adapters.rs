@@ -100,6 +100,18 @@ fn kvgate_stats_and_missing_bodies() {
     assert_eq!((s.running, s.waiting, s.kv_blocks_used), (2, 1, 40));
     assert_eq!(s.models, vec!["m", "sql"]);
     assert_eq!(s.adapter_slots_free, Some(1));
+    assert_eq!(s.host_block_value, None, "no offload tier");
+    let mut offloading = stats.clone();
+    offloading.engine.offload.load_cost = Some(0.25);
+    let s = parse(
+        "kvgate",
+        &[Some(serde_json::to_string(&offloading).unwrap())],
+    );
+    assert_eq!(
+        s.host_block_value,
+        Some(0.75),
+        "what loading a block back saves"
+    );
     let err = for_engine("kvgate").unwrap().parse(&[None]).unwrap_err();
     assert!(err.contains("/stats"), "{err}");
     // A body that is not the worker's contract says what is missing.

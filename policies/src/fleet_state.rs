@@ -241,6 +241,8 @@ impl FleetState {
         if restarted {
             self.policy.forget(id);
         }
+        self.policy
+            .set_host_block_value(id, report.load.host_block_value);
         Some(ReportOutcome {
             restarted,
             missed: gap,

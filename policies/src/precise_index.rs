@@ -34,13 +34,16 @@ fn tier_bit(tier: Tier) -> u8 {
     }
 }
 
+/// A host-tier block's worth against a device block's when its engine does not say.
+pub const DEFAULT_HOST_VALUE: f64 = 0.5;
+
 /// How much a held block is worth to a request: a device block is reused as it is, a host
-/// block must first be copied back.
-fn block_value(tiers: u8) -> f64 {
+/// block must first be copied back, which saves `host` of computing it.
+fn block_value(tiers: u8, host: f64) -> f64 {
     if tiers & DEVICE != 0 {
         1.0
     } else if tiers & HOST != 0 {
-        0.5
+        host
     } else {
         0.0
     }
@@ -64,6 +67,8 @@ pub struct PreciseIndex {
     assumed: HashKeyMap<(ReplicaId, u64)>,
     /// Guesses in expiry order (expiry, hash), for purging.
     expiries: VecDeque<(u64, u64)>,
+    /// Per replica slot: a host-tier block's worth, as its engine measured (else the default).
+    host_values: Vec<Option<f64>>,
 }
 
 /// What applying a report's KV update did.
@@ -82,6 +87,27 @@ impl PreciseIndex {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Sets what a block in `replica`'s host tier is worth (in [0, 1]; `None` or not a number:
+    /// the default).
+    pub fn set_host_value(&mut self, replica: ReplicaId, value: Option<f64>) {
+        let slot = replica.0 as usize;
+        if self.host_values.len() <= slot {
+            if value.is_none() {
+                return;
+            }
+            self.host_values.resize(slot + 1, None);
+        }
+        self.host_values[slot] = value.filter(|v| v.is_finite()).map(|v| v.clamp(0.0, 1.0));
+    }
+
+    fn host_value(&self, replica: ReplicaId) -> f64 {
+        self.host_values
+            .get(replica.0 as usize)
+            .copied()
+            .flatten()
+            .unwrap_or(DEFAULT_HOST_VALUE)
     }
 
     fn replica_mut(&mut self, replica: ReplicaId) -> &mut ReplicaBlocks {
@@ -238,7 +264,8 @@ impl PreciseIndex {
     }
 
     /// For each replica holding a leading run of `hashes` (from events, or assumed until
-    /// `now_ms`), the run's worth in blocks: 1 per device block, 0.5 per host block. Written
+    /// `now_ms`), the run's worth in blocks: 1 per device block, and per host block what
+    /// loading it back saves on that replica (its engine's measure, else 0.5). Written
     /// into `matched`, indexed by replica slot (which must be long enough).
     pub fn overlaps(&self, hashes: &[u64], now_ms: u64, matched: &mut [f64]) {
         let runs = self.runs_from_events(hashes);
@@ -266,7 +293,7 @@ impl PreciseIndex {
             }
             let mut any = false;
             for run in runs.iter_mut().filter(|r| r.blocks == i) {
-                let value = block_value(holders.tiers(run.replica));
+                let value = block_value(holders.tiers(run.replica), self.host_value(run.replica));
                 if value > 0.0 {
                     run.value += value;
                     run.blocks += 1;
@@ -406,6 +433,31 @@ mod tests {
             "the snapshot replaced it all"
         );
         assert_eq!(idx.len(), 1);
+    }
+
+    #[test]
+    fn a_host_block_is_worth_what_its_engine_measured() {
+        let mut idx = PreciseIndex::default();
+        for r in [A, B] {
+            idx.apply(r, &snapshot(0, &[1]));
+            idx.apply(r, &batches(vec![stored(1, &[2, 3], Tier::Host)]));
+        }
+        assert_eq!(
+            overlaps(&idx, &[1, 2, 3], 0),
+            vec![2.0, 2.0],
+            "the default, half"
+        );
+        idx.set_host_value(A, Some(0.97));
+        idx.set_host_value(B, Some(f64::NAN));
+        let got = overlaps(&idx, &[1, 2, 3], 0);
+        assert!((got[0] - 2.94).abs() < 1e-9 && got[1] == 2.0, "{got:?}");
+        idx.set_host_value(B, Some(7.0));
+        idx.set_host_value(A, None);
+        assert_eq!(
+            overlaps(&idx, &[1, 2, 3], 0),
+            vec![2.0, 3.0],
+            "clamped to a device block's worth; None is the default again"
+        );
     }
 
     #[test]

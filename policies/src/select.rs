@@ -174,6 +174,12 @@ impl Policy {
         self.precise.clear_replica(replica);
     }
 
+    /// What a block in `replica`'s host tier is worth against a device block, as its engine
+    /// measured (`None`: the index's default).
+    pub fn set_host_block_value(&mut self, replica: ReplicaId, value: Option<f64>) {
+        self.precise.set_host_value(replica, value);
+    }
+
     /// Applies the KV events a replica's agent relayed.
     pub fn apply_kv(&mut self, replica: ReplicaId, update: &KvUpdate) -> Applied {
         self.precise.apply(replica, update)

@@ -93,6 +93,11 @@ pub struct EngineLoad {
     /// Speculative decoding's counters since the engine started, when it speculates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<SpecCounters>,
+    /// What a block in the engine's host tier is worth against one on the device: the share
+    /// of computing it that loading it back saves (1 - the load's measured cost), when the
+    /// engine keeps such a tier and says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_block_value: Option<f64>,
 }
 
 /// How an engine's speculative drafts fare (vLLM's `spec_decode` counters), cumulative.

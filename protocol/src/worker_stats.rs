@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct WorkerStats {
     /// The served model name.
     pub model: String,
@@ -21,7 +21,7 @@ pub struct WorkerStats {
 }
 
 /// The engine's counters, as of its last step.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct EngineStats {
     pub running: usize,
     pub waiting: usize,
@@ -38,6 +38,25 @@ pub struct EngineStats {
     /// Speculative decoding (all zero without it).
     #[serde(default)]
     pub spec: SpecStats,
+    /// The offload tier (all zero without it).
+    #[serde(default)]
+    pub offload: OffloadStats,
+}
+
+/// The offload tier's contents and traffic.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct OffloadStats {
+    pub capacity_bytes: u64,
+    /// What loading a block back costs against computing it, as the backend timed it at
+    /// start (`None` without a tier).
+    pub load_cost: Option<f64>,
+    pub blocks: u64,
+    pub bytes: u64,
+    /// Blocks evicted from the device pool and kept in the tier.
+    pub offloaded_blocks: u64,
+    /// Blocks loaded back into the pool for a prefix instead of computed again.
+    pub loaded_blocks: u64,
 }
 
 /// Most drafted tokens per request per step; acceptance is counted per position up to it.

@@ -77,6 +77,26 @@ pub trait Backend {
     fn drafter(&mut self, method: &Method) -> Result<Box<dyn Drafter>, String> {
         Err(cannot_draft(method))
     }
+
+    /// What loading a block back from host memory costs, relative to computing its tokens
+    /// again, measured before the first request; `None` from a backend that holds no K/V to
+    /// move (then nothing is offloaded).
+    fn block_load_cost(&mut self) -> Option<f64> {
+        None
+    }
+
+    /// Block `id`'s K/V as bytes, to keep outside the pool (the offload tier, a transfer);
+    /// `None` from a backend that holds no K/V to move.
+    fn export_block(&self, _id: BlockId) -> Option<Vec<u8>> {
+        None
+    }
+
+    /// Writes bytes [`Backend::export_block`] gave into block `id`.
+    fn import_block(&mut self, id: BlockId, _data: &[u8]) -> Result<(), BackendError> {
+        Err(BackendError::Failed(format!(
+            "block {id}: this backend cannot import K/V"
+        )))
+    }
 }
 
 /// Why a backend cannot run `method`'s drafter.
@@ -111,5 +131,17 @@ impl Backend for Box<dyn Backend + Send> {
 
     fn drafter(&mut self, method: &Method) -> Result<Box<dyn Drafter>, String> {
         (**self).drafter(method)
+    }
+
+    fn block_load_cost(&mut self) -> Option<f64> {
+        (**self).block_load_cost()
+    }
+
+    fn export_block(&self, id: BlockId) -> Option<Vec<u8>> {
+        (**self).export_block(id)
+    }
+
+    fn import_block(&mut self, id: BlockId, data: &[u8]) -> Result<(), BackendError> {
+        (**self).import_block(id, data)
     }
 }

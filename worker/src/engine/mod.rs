@@ -1,6 +1,7 @@
 //! The engine as a step machine: `add_request`, `step`, `abort`. No clock and no I/O here, so
 //! the server drives it in real time and a simulator drives many in virtual time.
 
+mod offload;
 mod speculate;
 
 use crate::backend::{Backend, BackendError, BatchSlice, Sampled};
@@ -278,6 +279,7 @@ impl<B: Backend> Engine<B> {
     pub fn step(&mut self) -> Result<StepOutput, BackendError> {
         let mut plan = self.sched.schedule(&mut self.requests, &self.kv);
         self.stats.preemptions += plan.preempted.len() as u64;
+        self.move_offloaded_blocks()?;
         if plan.is_empty() {
             return Ok(StepOutput {
                 plan,
@@ -295,6 +297,7 @@ impl<B: Backend> Engine<B> {
                 running,
             );
         }
+        self.offload_evicted();
         let drafted = plan.slices.iter().any(|s| s.draft > 0);
         let batch: Vec<BatchSlice<'_>> = plan
             .slices
@@ -430,6 +433,11 @@ impl<B: Backend> Engine<B> {
     /// Every cached block hash (for KV-event snapshots).
     pub fn cached_hashes(&self) -> Vec<u64> {
         self.kv.cached_hashes()
+    }
+
+    /// Every block hash the offload tier holds (for KV-event snapshots).
+    pub fn offloaded_hashes(&self) -> Vec<u64> {
+        self.kv.offloaded_hashes()
     }
 
     /// Checks the KV pool against every request's block table: for tests.

@@ -4,15 +4,18 @@
 //! [`KvManager::allocate`], [`KvManager::commit`], and freeing, which happens when a
 //! request's [`KvBlocks`] is dropped, so an aborted or failed request cannot leak a block.
 
+mod offload;
 mod pool;
 
-pub use pool::{BlockId, BlockPool};
+pub use offload::{OffloadTier, Offloaded};
+pub use pool::{BlockId, BlockPool, Evicted};
 
 use crate::request::Request;
 use kvgate_protocol::kv_events::KvEvent;
 use kvgate_protocol::{extend_block_hashes, HashSeed};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
+use std::sync::Arc;
 
 /// A request's block table. Dropping it releases the blocks, last block first, so the tail of
 /// a cached chain is evicted before its head.
@@ -44,6 +47,19 @@ pub struct KvManager {
     block_size: usize,
     seed: HashSeed,
     prefix_caching: bool,
+    /// Blocks evicted from the pool, kept in host memory (off until `enable_offload`).
+    tier: Option<RefCell<OffloadTier>>,
+    /// Blocks taken for prefixes the tier holds, to be written before the next step runs.
+    loads: RefCell<Vec<Load>>,
+    /// Whether loading a block back costs less than computing it again (the backend times it).
+    loads_pay: Cell<bool>,
+}
+
+/// A block to fill from the offload tier before the step that reads it.
+#[derive(Debug, Clone)]
+pub struct Load {
+    pub id: BlockId,
+    pub data: Arc<[u8]>,
 }
 
 impl KvManager {
@@ -54,7 +70,57 @@ impl KvManager {
             block_size: block_size.max(1),
             seed,
             prefix_caching,
+            tier: None,
+            loads: RefCell::default(),
+            loads_pay: Cell::new(true),
         }
+    }
+
+    /// Keeps evicted cached blocks in a host tier of `capacity_bytes` (with prefix caching).
+    pub fn enable_offload(&mut self, capacity_bytes: usize) {
+        if self.prefix_caching && capacity_bytes > 0 {
+            self.pool.borrow_mut().keep_evicted();
+            self.tier = Some(RefCell::new(OffloadTier::new(capacity_bytes)));
+        }
+    }
+
+    pub fn offload_enabled(&self) -> bool {
+        self.tier.is_some()
+    }
+
+    /// The cached blocks evicted from the pool since the last call, whose contents the
+    /// backend still holds: to export before the next step writes them.
+    pub fn take_evicted(&self) -> Vec<Evicted> {
+        self.pool.borrow_mut().take_evicted()
+    }
+
+    /// Keeps an evicted block's contents in the tier.
+    pub fn offload(&self, evicted: Evicted, data: Vec<u8>) {
+        if let Some(tier) = &self.tier {
+            let block = Offloaded {
+                parent: evicted.parent,
+                data: data.into(),
+            };
+            tier.borrow_mut().put(evicted.hash, block);
+        }
+    }
+
+    /// The blocks to fill from the tier before the next step.
+    pub fn take_loads(&self) -> Vec<Load> {
+        std::mem::take(&mut *self.loads.borrow_mut())
+    }
+
+    /// Whether prefixes found only in the tier are loaded back (else they are recomputed).
+    pub fn set_loads_pay(&self, pay: bool) {
+        self.loads_pay.set(pay);
+    }
+
+    /// The tier's blocks and bytes.
+    pub fn offload_usage(&self) -> (usize, usize) {
+        self.tier.as_ref().map_or((0, 0), |t| {
+            let t = t.borrow();
+            (t.len(), t.used_bytes())
+        })
     }
 
     /// A copy with a pool of its own, and `blocks` re-pointed at it: a request's table in this
@@ -65,6 +131,9 @@ impl KvManager {
             block_size: self.block_size,
             seed: self.seed,
             prefix_caching: self.prefix_caching,
+            tier: self.tier.clone(),
+            loads: self.loads.clone(),
+            loads_pay: self.loads_pay.clone(),
         }
     }
 
@@ -111,12 +180,26 @@ impl KvManager {
         self.pool.borrow().cached_hashes()
     }
 
+    pub fn offloaded_hashes(&self) -> Vec<u64> {
+        self.tier
+            .as_ref()
+            .map_or_else(Vec::new, |t| t.borrow().hashes())
+    }
+
+    /// Events since the last call: the pool's, then the tier's.
     pub fn take_events(&self) -> Vec<KvEvent> {
-        self.pool.borrow_mut().take_events()
+        let mut events = self.pool.borrow_mut().take_events();
+        if let Some(tier) = &self.tier {
+            events.extend(tier.borrow_mut().take_events());
+        }
+        events
     }
 
     pub fn clear_cache(&self) {
         self.pool.borrow_mut().clear_cache();
+        if let Some(tier) = &self.tier {
+            tier.borrow_mut().clear();
+        }
     }
 
     /// Extends the request's block hashes over its full blocks.
@@ -130,8 +213,10 @@ impl KvManager {
     }
 
     /// For a request with nothing computed: takes the longest run of its leading blocks that
-    /// the cache holds into its block table and returns the tokens they cover. A hit never
-    /// covers the last token, whose logits are needed.
+    /// the cache holds into its block table and returns the tokens they cover: the pool's
+    /// blocks first, then fresh blocks for those the offload tier holds (filled from it before
+    /// the next step, see [`KvManager::take_loads`]). A hit never covers the last token, whose
+    /// logits are needed.
     pub fn cached_prefix(&self, req: &mut Request) -> usize {
         if !self.prefix_caching || req.num_computed_tokens > 0 || !req.kv.ids.is_empty() {
             return 0;
@@ -145,6 +230,21 @@ impl KvManager {
             }
         }
         req.kv.num_cached = req.kv.ids.len();
+        if let (Some(tier), true) = (&self.tier, self.loads_pay.get()) {
+            let mut tier = tier.borrow_mut();
+            let mut loads = self.loads.borrow_mut();
+            // Loaded blocks are registered by `commit` once the step that follows has run.
+            for &hash in &req.block_hashes[req.kv.ids.len()..max_blocks.min(req.block_hashes.len())]
+            {
+                let Some(block) = tier.get(hash) else { break };
+                let Some(id) = pool.allocate() else { break };
+                req.kv.ids.push(id);
+                loads.push(Load {
+                    id,
+                    data: Arc::clone(&block.data),
+                });
+            }
+        }
         req.kv.ids.len() * self.block_size
     }
 
@@ -195,8 +295,12 @@ impl KvManager {
         }
     }
 
-    /// Releases every block of the request (it was preempted or finished).
+    /// Releases every block of the request (it was preempted or finished); loads planned
+    /// into them are dropped.
     pub fn free(&self, req: &mut Request) {
+        self.loads
+            .borrow_mut()
+            .retain(|load| !req.kv.ids.contains(&load.id));
         req.kv = self.empty_blocks();
     }
 

@@ -18,6 +18,8 @@ const NIL: u32 = u32::MAX;
 struct Block {
     ref_count: u32,
     hash: Option<u64>,
+    /// The hash of the block before this one in its chain, while `hash` is set.
+    parent: Option<u64>,
     prev: u32,
     next: u32,
     free: bool,
@@ -31,6 +33,16 @@ pub struct BlockPool {
     free_count: usize,
     by_hash: HashKeyMap<BlockId>,
     events: Vec<KvEvent>,
+    /// Cached blocks taken for reuse since the last call to `take_evicted`, while kept.
+    evicted: Option<Vec<Evicted>>,
+}
+
+/// A cached block given up for reuse: its contents are intact until the next step writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Evicted {
+    pub id: BlockId,
+    pub hash: u64,
+    pub parent: Option<u64>,
 }
 
 impl BlockPool {
@@ -41,6 +53,7 @@ impl BlockPool {
                 Block {
                     ref_count: 0,
                     hash: None,
+                    parent: None,
                     prev: NIL,
                     next: NIL,
                     free: false
@@ -52,6 +65,7 @@ impl BlockPool {
             free_count: 0,
             by_hash: HashKeyMap::default(),
             events: Vec::new(),
+            evicted: None,
         };
         for id in 1..pool.blocks.len() as u32 {
             pool.push_tail(id);
@@ -85,8 +99,12 @@ impl BlockPool {
             return None;
         }
         self.unlink(id);
+        let parent = self.blocks[id as usize].parent.take();
         if let Some(hash) = self.blocks[id as usize].hash.take() {
             self.by_hash.remove(&hash);
+            if let Some(evicted) = &mut self.evicted {
+                evicted.push(Evicted { id, hash, parent });
+            }
             self.events.push(KvEvent::Removed {
                 hashes: vec![hash],
                 tier: Tier::Device,
@@ -132,6 +150,7 @@ impl BlockPool {
             return false;
         }
         self.blocks[id as usize].hash = Some(hash);
+        self.blocks[id as usize].parent = parent;
         self.by_hash.insert(hash, id);
         match self.events.last_mut() {
             // Consecutive blocks of one chain become one event.
@@ -147,10 +166,28 @@ impl BlockPool {
         true
     }
 
+    /// From now on, remembers each cached block it gives up for reuse (an offload tier wants
+    /// their contents).
+    pub fn keep_evicted(&mut self) {
+        self.evicted.get_or_insert_with(Vec::new);
+    }
+
+    /// The cached blocks given up for reuse since the last call.
+    pub fn take_evicted(&mut self) -> Vec<Evicted> {
+        self.evicted
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
     /// Forgets every cached hash (a reset): nothing stale can be matched afterwards.
     pub fn clear_cache(&mut self) {
         for block in &mut self.blocks {
             block.hash = None;
+            block.parent = None;
+        }
+        if let Some(evicted) = &mut self.evicted {
+            evicted.clear();
         }
         self.by_hash.clear();
         self.events.push(KvEvent::AllCleared);
@@ -299,6 +336,28 @@ mod tests {
         );
         assert_eq!(pool.allocate(), None);
         pool.check(&[0, 1, 1, 1]).unwrap();
+    }
+
+    #[test]
+    fn evicted_blocks_are_remembered_with_their_parents_once_asked() {
+        let mut pool = BlockPool::new(3); // 2 usable
+        let (a, b) = (pool.allocate().unwrap(), pool.allocate().unwrap());
+        assert!(pool.cache(a, 10, None) && pool.cache(b, 11, Some(10)));
+        pool.release(b);
+        pool.release(a);
+        pool.allocate().unwrap();
+        assert!(pool.take_evicted().is_empty(), "not asked yet");
+        pool.keep_evicted();
+        assert_eq!(pool.allocate(), Some(a));
+        assert_eq!(
+            pool.take_evicted(),
+            vec![Evicted {
+                id: a,
+                hash: 10,
+                parent: None
+            }]
+        );
+        assert!(pool.take_evicted().is_empty());
     }
 
     #[test]

@@ -161,13 +161,14 @@ fn handle(
                 .last_seq();
             let mut hashes = engine.cached_hashes();
             hashes.sort_unstable();
+            let mut host_hashes = engine.offloaded_hashes();
+            host_hashes.sort_unstable();
             let _ = reply.send(KvSnapshot {
                 version: KV_EVENTS_VERSION,
                 seq,
                 block_size: engine.config().block_size,
                 hashes,
-                // The engine has no host tier yet.
-                host_hashes: Vec::new(),
+                host_hashes,
             });
         }
     }

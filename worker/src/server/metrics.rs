@@ -28,6 +28,10 @@ pub struct Metrics {
     spec_accepted_tokens: Vec<IntCounter>,
     spec_accepted_per_pos: Vec<IntCounterVec>,
     spec_mean_acceptance_length: Gauge,
+    offload_blocks: IntGauge,
+    offload_bytes: IntGauge,
+    offloaded_blocks: IntCounter,
+    offload_loaded_blocks: IntCounter,
     pub ttft: Vec<Histogram>,
     pub itl: Vec<Histogram>,
     pub e2e: Vec<Histogram>,
@@ -157,6 +161,22 @@ impl Metrics {
                 "kvgate_worker_spec_decode_mean_acceptance_length",
                 "Tokens per verified draft, the model's own included (1 + accepted / drafts)",
             )?,
+            offload_blocks: int_gauge(
+                "kvgate_worker_kv_offload_blocks",
+                "KV blocks held in the host offload tier",
+            )?,
+            offload_bytes: int_gauge(
+                "kvgate_worker_kv_offload_bytes",
+                "Bytes of host memory the offload tier holds",
+            )?,
+            offloaded_blocks: counter(
+                "kvgate_worker_kv_offloaded_blocks_total",
+                "Cached KV blocks evicted from the pool into the offload tier",
+            )?,
+            offload_loaded_blocks: counter(
+                "kvgate_worker_kv_offload_loaded_blocks_total",
+                "KV blocks loaded back from the offload tier instead of computed again",
+            )?,
             ttft: both_hist(
                 "kvgate_worker_time_to_first_token_seconds",
                 "vllm:time_to_first_token_seconds",
@@ -212,6 +232,19 @@ impl Metrics {
             &self.generation_tokens,
             before.generated_tokens,
             now.generated_tokens,
+        );
+        let (was, is) = (&before.offload, &now.offload);
+        self.offload_blocks.set(is.blocks as i64);
+        self.offload_bytes.set(is.bytes as i64);
+        add(
+            std::slice::from_ref(&self.offloaded_blocks),
+            was.offloaded_blocks,
+            is.offloaded_blocks,
+        );
+        add(
+            std::slice::from_ref(&self.offload_loaded_blocks),
+            was.loaded_blocks,
+            is.loaded_blocks,
         );
         let (was, is) = (&before.spec, &now.spec);
         if is.drafts == was.drafts {

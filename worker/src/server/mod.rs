@@ -57,6 +57,8 @@ pub struct WorkerConfig {
     /// LoRA adapter names served (sim backend only).
     pub adapters: adapters::AdapterSet,
     pub speculation: Option<SpecConfig>,
+    /// Bytes of host memory for blocks evicted from the KV cache (0: none kept).
+    pub offload_bytes: usize,
 }
 
 /// Serves until the process ends.
@@ -119,11 +121,20 @@ pub fn run(config: WorkerConfig) -> Result<(), String> {
     });
     let (commands, rx) = tokio::sync::mpsc::channel(COMMAND_QUEUE);
     let speculation = config.speculation.clone();
+    let offload_bytes = config.offload_bytes;
     let engine_thread = engine_loop::spawn(
         move || {
             let mut engine = Engine::new(engine_config, backend).map_err(|e| {
                 format!("{e} (flags: --kv-cache-mib or --num-blocks, --max-model-len)")
             })?;
+            if offload_bytes > 0 {
+                let cost = engine.enable_offload(offload_bytes)?;
+                tracing::info!(
+                    offload_bytes,
+                    load_cost = cost,
+                    "offload tier on: a block loaded back costs this share of computing it"
+                );
+            }
             if let Some(spec) = speculation {
                 let costs = engine.enable_speculation(spec)?;
                 tracing::info!(

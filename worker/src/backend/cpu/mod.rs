@@ -14,6 +14,7 @@ pub mod team;
 pub mod weights;
 
 use super::{cannot_draft, Backend, BackendError, BatchOutput, BatchSlice, Sampled};
+use crate::kv::BlockId;
 use crate::model::ModelFile;
 use crate::request::SamplingParams;
 use crate::sample::{logprobs, sample};
@@ -159,6 +160,53 @@ impl Backend for CpuBackend {
             } => Ok(Box::new(self.draft_model(model, *kv_cache_bytes)?)),
             _ => Err(cannot_draft(method)),
         }
+    }
+
+    /// Timed: a block's tokens computed as a prompt in the first block, against that block
+    /// exported and imported again; the best of a few runs each.
+    fn block_load_cost(&mut self) -> Option<f64> {
+        const RUNS: usize = 3;
+        if self.num_blocks == 0 {
+            return None;
+        }
+        let vocab = self.forward.weights.params.vocab_size as u32;
+        let tokens: Vec<u32> = (0..self.block_size as u32)
+            .map(|i| (i * 7919 + 100) % vocab)
+            .collect();
+        let params = SamplingParams::default();
+        let prompt = BatchSlice {
+            id: 0,
+            tokens: &tokens,
+            start: 0,
+            len: tokens.len(),
+            block_table: &[1],
+            samples: false,
+            draft: 0,
+            params: &params,
+            num_output_tokens: 0,
+        };
+        let (mut compute, mut load) = (Duration::MAX, Duration::MAX);
+        for _ in 0..RUNS {
+            let started = Instant::now();
+            self.forward.run(&[prompt]);
+            compute = compute.min(started.elapsed());
+            let started = Instant::now();
+            let data = self.export_block(1)?;
+            self.import_block(1, &data).ok()?;
+            load = load.min(started.elapsed());
+        }
+        Some(load.as_secs_f64() / compute.as_secs_f64().max(1e-9))
+    }
+
+    fn export_block(&self, id: BlockId) -> Option<Vec<u8>> {
+        self.forward.kv.export(id as usize)
+    }
+
+    fn import_block(&mut self, id: BlockId, data: &[u8]) -> Result<(), BackendError> {
+        self.forward
+            .kv
+            .import(id as usize, data)
+            .map_err(BackendError::Failed)
     }
 
     fn kv_capacity_blocks(&self, block_size: usize) -> usize {

@@ -1,0 +1,136 @@
+//! The offload tier through the real worker binary: a prefix evicted from the KV cache and
+//! asked for again is served from host memory (`usage` counts it cached, the answer is the
+//! same, the host tier shows in `/stats` and in the KV events), and a tier the worker cannot
+//! keep is refused at start with the reason.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::*;
+use kvgate_protocol::kv_events::{KvEvent, KvEventBatch, Tier};
+use std::time::Duration;
+
+/// A 20-block cache (320 tokens) that the second prompt fills alone.
+const CPU: [&str; 10] = [
+    "--threads",
+    "1",
+    "--kv-cache-mib",
+    "16",
+    "--num-blocks",
+    "20",
+    "--max-model-len",
+    "320",
+    "--kv-offload-mib",
+    "64",
+];
+
+fn prompt(seed: u32, len: u32) -> Vec<u32> {
+    (0..len)
+        .map(|i| 200 + (i * 31 + seed * 977) % 20_000)
+        .collect()
+}
+
+async fn complete(w: &SimWorker, prompt: &[u32]) -> serde_json::Value {
+    let body = serde_json::json!({"model": MODEL, "prompt": prompt, "max_tokens": 4,
+        "temperature": 0, "logprobs": 1});
+    let (status, r) = post(&w.url(), "/v1/completions", &body).await;
+    assert_eq!(status, 200, "{r}");
+    r
+}
+
+/// The host tier's stored blocks among the events the worker has published so far.
+async fn host_blocks_stored(url: &str) -> usize {
+    let mut resp = reqwest::Client::new()
+        .get(format!("{url}/kv/events?from=1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let (mut buf, mut stored) = (Vec::new(), 0);
+    while let Ok(Ok(Some(chunk))) =
+        tokio::time::timeout(Duration::from_millis(500), resp.chunk()).await
+    {
+        buf.extend_from_slice(&chunk);
+        while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=nl).collect();
+            let batch: KvEventBatch = serde_json::from_slice(&line).unwrap();
+            for e in batch.events {
+                if let KvEvent::Stored {
+                    hashes,
+                    tier: Tier::Host,
+                    ..
+                } = e
+                {
+                    stored += hashes.len();
+                }
+            }
+        }
+    }
+    stored
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicted_prefix_is_served_from_the_host_tier() {
+    let w = SimWorker::start_cpu(&CPU).await;
+    let (a, b) = (prompt(1, 150), prompt(2, 310));
+    let cached =
+        |r: &serde_json::Value| r["usage"]["prompt_tokens_details"]["cached_tokens"].clone();
+    let first = complete(&w, &a).await;
+    assert_eq!(cached(&first), 0);
+    complete(&w, &b).await;
+    let again = complete(&w, &a).await;
+    assert_eq!(cached(&again), 144, "its 9 full blocks, from the host tier");
+    assert_eq!(
+        again["choices"], first["choices"],
+        "the same tokens and logprobs"
+    );
+    let offload = w.get("/stats").await["engine"]["offload"].clone();
+    assert_eq!(offload["loaded_blocks"], 9, "{offload}");
+    assert!(offload["capacity_bytes"] == 64 << 20, "{offload}");
+    assert!(host_blocks_stored(&w.url()).await >= 9);
+}
+
+#[test]
+fn a_tier_the_worker_cannot_keep_is_refused_at_start() {
+    let port = free_port().to_string();
+    let mut cmd = kvgate();
+    cmd.args([
+        "up",
+        "--backend",
+        "sim",
+        "--kv-offload-mib",
+        "64",
+        "--port",
+        &port,
+    ]);
+    let mut up = spawn(cmd, &format!("offload-up-{port}"));
+    assert!(
+        !up.exits().success(),
+        "kvgate up started a sim fleet with a tier"
+    );
+    let stderr = std::fs::read_to_string(&up.log).unwrap();
+    assert!(stderr.contains("needs the cpu backend"), "{stderr}");
+    let cases = [
+        (
+            "sim",
+            vec!["--kv-offload-mib", "64"],
+            "holds no K/V to offload",
+        ),
+        (
+            "cpu",
+            vec!["--kv-offload-mib", "64", "--no-prefix-caching"],
+            "needs prefix caching",
+        ),
+    ];
+    for (backend, flags, expected) in cases {
+        let port = free_port().to_string();
+        let mut cmd = kvgate();
+        cmd.args(["worker", "--backend", backend, "--port", &port])
+            .args(["--kv-cache-mib", "64", "--max-model-len", "1024"])
+            .args(&flags);
+        let mut worker = spawn(cmd, &format!("offload-{backend}-{port}"));
+        assert!(!worker.exits().success(), "{backend} {flags:?} started");
+        let stderr = std::fs::read_to_string(&worker.log).unwrap();
+        assert!(stderr.contains(expected), "{backend} {flags:?}: {stderr}");
+    }
+}
