@@ -52,3 +52,12 @@ def post(port, path, body, timeout=600):
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     return urllib.request.urlopen(req, timeout=timeout)
+
+
+def stream(port, path, body):
+    """The JSON chunks of a streamed (server-sent events) answer, as they arrive."""
+    with post(port, path, body) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if line.startswith("data: ") and line != "data: [DONE]":
+                yield json.loads(line[6:])

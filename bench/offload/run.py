@@ -13,7 +13,7 @@ session of its own and is stopped by its PID, also when the script is interrupte
 import argparse, json, os, random, signal, statistics, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from servers import ROOT, Server, free_port, post  # noqa: E402
+from servers import ROOT, Server, free_port, stream  # noqa: E402
 
 BLOCK = 16
 SUFFIX = 8
@@ -25,16 +25,11 @@ def ttft(port, prompt):
     body = {"model": "smollm2", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     started, first, cached = time.perf_counter(), None, None
-    with post(port, "/v1/completions", body) as r:
-        for raw in r:
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            data = json.loads(line[6:])
-            if first is None and any(c.get("text") is not None for c in data.get("choices", [])):
-                first = time.perf_counter() - started
-            if data.get("usage"):
-                cached = data["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
+    for data in stream(port, "/v1/completions", body):
+        if first is None and any(c.get("text") is not None for c in data.get("choices", [])):
+            first = time.perf_counter() - started
+        if data.get("usage"):
+            cached = data["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
     return first, cached
 
 

@@ -26,7 +26,7 @@ import argparse, json, os, re, signal, statistics, subprocess, sys, tempfile, ti
 import concurrent.futures as cf
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from servers import Server, free_port, post  # noqa: E402
+from servers import Server, free_port, post, stream  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -104,22 +104,17 @@ def complete(port, prompt_ids, max_tokens):
     body = {"model": "smollm2", "prompt": prompt_ids, "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     text, tokens, first, last, timings = [], None, None, None, {}
-    with post(port, "/v1/completions", body) as r:
-        for raw in r:
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            data = json.loads(line[6:])
-            if data.get("usage"):
-                tokens = data["usage"]["completion_tokens"]
-            timings = data.get("timings", timings)
-            for c in data.get("choices", []):
-                piece = c.get("text")
-                if piece:
-                    now = time.perf_counter()
-                    first = first or now
-                    last = now
-                    text.append(piece)
+    for data in stream(port, "/v1/completions", body):
+        if data.get("usage"):
+            tokens = data["usage"]["completion_tokens"]
+        timings = data.get("timings", timings)
+        for c in data.get("choices", []):
+            piece = c.get("text")
+            if piece:
+                now = time.perf_counter()
+                first = first or now
+                last = now
+                text.append(piece)
     return "".join(text), tokens or 0, (last - first) if first else 0.0, timings
 
 
