@@ -7,9 +7,11 @@ mod spec_cli;
 mod up;
 
 use clap::{Parser, Subcommand};
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::{Mutex, PoisonError};
 
 #[cfg(not(target_env = "msvc"))]
 #[global_allocator]
@@ -222,13 +224,49 @@ enum Backend {
     Sim,
 }
 
-fn main() -> ExitCode {
+/// Log lines waiting for stderr; past this they are dropped.
+const LOG_QUEUE_LINES: usize = 64 * 1024;
+
+/// Held for the whole run: dropping it writes out the queued log lines.
+static LOG_FLUSH: Mutex<Option<tracing_appender::non_blocking::WorkerGuard>> = Mutex::new(None);
+
+/// Logs to stderr through a bounded queue and a writer thread, so that a stderr nobody
+/// drains (a full pipe, a stuck log shipper, a slow disk) costs log lines, never a stalled
+/// proxy or engine thread.
+fn start_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("KVGATE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .buffered_lines_limit(LOG_QUEUE_LINES)
+        .thread_name("kvgate-log")
+        .finish(std::io::stderr());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(writer)
         .init();
+    *LOG_FLUSH.lock().unwrap_or_else(PoisonError::into_inner) = Some(guard);
+}
+
+/// Writes out the queued log lines (at most a second's wait for a stalled stderr).
+fn flush_logs() {
+    drop(
+        LOG_FLUSH
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take(),
+    );
+}
+
+fn main() -> ExitCode {
+    start_logging();
+    let code = main_logged();
+    flush_logs();
+    code
+}
+
+fn main_logged() -> ExitCode {
     if let Err(message) = kvgate_agent::lineage::stop_with_parent() {
         eprintln!("kvgate: {message}");
         return ExitCode::FAILURE;
@@ -263,8 +301,15 @@ fn run(command: Command) -> Result<(), String> {
             config,
             listen,
             upgrade,
-        } => kvgate_router::run(&config, kvgate_router::RunOptions { listen, upgrade })
-            .map_err(|e| e.to_string()),
+        } => kvgate_router::run(
+            &config,
+            kvgate_router::RunOptions {
+                listen,
+                upgrade,
+                before_exit: Some(flush_logs),
+            },
+        )
+        .map_err(|e| e.to_string()),
         Command::Agent {
             gateways,
             token_file,

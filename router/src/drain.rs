@@ -114,6 +114,7 @@ impl ShutdownSignalWatch for Signals {
 /// sleeping out the whole grace period as Pingora would.
 pub struct ExitWhenIdle {
     pub gateway: Arc<crate::Gateway>,
+    pub before_exit: Option<fn()>,
 }
 
 #[async_trait]
@@ -125,6 +126,9 @@ impl BackgroundService for ExitWhenIdle {
         loop {
             if self.gateway.drain.active() == 0 {
                 tracing::info!("nothing in flight: exiting");
+                if let Some(flush) = self.before_exit {
+                    flush();
+                }
                 std::process::exit(0);
             }
             tokio::time::sleep(EXIT_POLL).await;

@@ -73,6 +73,9 @@ pub struct RunOptions {
     /// Take the listening sockets of a running gateway with the same listeners, which hands
     /// them over on SIGQUIT and drains (Pingora's graceful upgrade).
     pub upgrade: bool,
+    /// Called just before the process exits after a stop (Pingora ends it with
+    /// `process::exit`, which runs no destructors): flushes what the caller buffers.
+    pub before_exit: Option<fn()>,
 }
 
 /// Runs the gateway until the process is signalled (SIGINT: fast; SIGTERM: drain, see
@@ -178,12 +181,16 @@ pub fn run(path: &Path, options: RunOptions) -> Result<(), StartError> {
         "exit when drained",
         drain::ExitWhenIdle {
             gateway: Arc::clone(&gateway),
+            before_exit: options.before_exit,
         },
     ));
     tracing::info!(listen = ?listen.addresses(), upgrade = options.upgrade, "kvgate gateway starting");
     server.run(RunArgs {
         shutdown_signal: Box::new(drain::Signals { gateway, grace }),
     });
+    if let Some(flush) = options.before_exit {
+        flush();
+    }
     std::process::exit(0)
 }
 
