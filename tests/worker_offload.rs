@@ -90,6 +90,56 @@ async fn an_evicted_prefix_is_served_from_the_host_tier() {
     assert!(host_blocks_stored(&w.url()).await >= 9);
 }
 
+/// Through an agent and a token-mode gateway: explain names the blocks a replica holds only in
+/// its host tier apart from those on its device.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_explains_host_tier_blocks_apart() {
+    let w = SimWorker::start_cpu(&CPU).await;
+    let token = std::env::temp_dir().join(format!("kvgate-offload-token-{}", w.port));
+    std::fs::write(&token, "offload-token").unwrap();
+    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let yaml = format!(
+        "agents:\n  token_file: \"{}\"\ntokenizers:\n  - model: {MODEL}\n    path: \"{}\"\n    block_size: 16\npolicy:\n  assumed_ttl_ms: 100\n",
+        token.display(),
+        model.display()
+    );
+    let gw = Gateway::start(&[&w], &yaml).await;
+    let _agent = attach_agent(&gw, &token, &w, &[]);
+    gw.wait_until(|rs| rs.iter().all(|r| r["freshness"] == "fresh"))
+        .await;
+    let (a, b) = (prompt(1, 150), prompt(2, 310));
+    let body = |p: &[u32]| serde_json::json!({"model": MODEL, "prompt": p, "max_tokens": 4});
+    for p in [&a, &b] {
+        let answer = send(&client(), &gw.url(), "/v1/completions", &body(p)).await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+    }
+    let explain_a = || async {
+        let r = client()
+            .post(format!("{}/admin/explain", gw.admin()))
+            .json(&body(&a))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.json::<serde_json::Value>().await.unwrap()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let e = explain_a().await;
+        let held = &e["candidates"][0]["held_blocks"];
+        if held["host"] == 9 {
+            assert_eq!(held["device"], 0, "{e:#}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "prompt a's 9 blocks never showed in the host tier: {e:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[test]
 fn a_tier_the_worker_cannot_keep_is_refused_at_start() {
     let port = free_port().to_string();

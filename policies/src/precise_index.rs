@@ -277,6 +277,23 @@ impl PreciseIndex {
         self.extend_by_guesses(hashes, now_ms, &runs, matched);
     }
 
+    /// The leading run of `hashes` that `replica`'s KV events say it holds, split by the tier
+    /// each block is in (guesses not counted): what the admin API's explain shows.
+    pub fn held_by_tier(&self, hashes: &[u64], replica: ReplicaId) -> HeldByTier {
+        let mut held = HeldByTier::default();
+        for hash in hashes {
+            let tiers = self.holders.get(hash).map_or(0, |h| h.tiers(replica));
+            if tiers & DEVICE != 0 {
+                held.device += 1;
+            } else if tiers & HOST != 0 {
+                held.host += 1;
+            } else {
+                break;
+            }
+        }
+        held
+    }
+
     /// Walks the blocks while some replica still holds the whole run.
     fn runs_from_events(&self, hashes: &[u64]) -> Vec<Run> {
         let mut runs: Vec<Run> = Vec::new();
@@ -340,6 +357,14 @@ impl PreciseIndex {
             }
         }
     }
+}
+
+/// A replica's leading run of a prompt's blocks, by the tier each is in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct HeldByTier {
+    pub device: usize,
+    /// Blocks only in its host tier: loaded back before the prompt's step.
+    pub host: usize,
 }
 
 /// A replica's leading run of a prompt's blocks, from events.
@@ -476,6 +501,14 @@ mod tests {
             overlaps(&idx, &[1, 2, 3], 0),
             vec![2.0, 2.5],
             "a host block is worth half"
+        );
+        assert_eq!(
+            idx.held_by_tier(&[1, 2, 3, 4], B),
+            HeldByTier { device: 2, host: 1 }
+        );
+        assert_eq!(
+            idx.held_by_tier(&[1, 2, 3], A),
+            HeldByTier { device: 2, host: 0 }
         );
         let remove = KvEventBatch {
             version: KV_EVENTS_VERSION,

@@ -476,10 +476,16 @@ impl Gateway {
     ) -> Result<serde_json::Value, ApiError> {
         let snap = self.snapshot();
         let now = self.now_ms();
-        let decision = self
-            .fleet()
+        let fleet = self.fleet();
+        let decision = fleet
             .rank(&ask(model, features, class), now, usize::MAX)
             .map_err(|e| no_route(e, class))?;
+        // Token mode: which of the blocks each holds are on its device, which in its host tier.
+        let index = fleet.policy().precise_index();
+        let held = |replica| {
+            (!features.block_hashes.is_empty())
+                .then(|| index.held_by_tier(&features.block_hashes, replica))
+        };
         let name = |slot| {
             snap.replicas
                 .iter()
@@ -489,7 +495,7 @@ impl Gateway {
         let candidates: Vec<serde_json::Value> = decision
             .ranked
             .iter()
-            .map(|c| serde_json::json!({ "replica": name(c.replica), "score": c }))
+            .map(|c| serde_json::json!({ "replica": name(c.replica), "score": c, "held_blocks": held(c.replica) }))
             .collect();
         Ok(
             serde_json::json!({ "model": model, "load_bound": decision.load_bound, "hot_group": decision.hot_group, "candidates": candidates }),
