@@ -128,6 +128,14 @@ enum Command {
         /// there is loaded back instead of computed again (cpu backend; 0: none kept).
         #[arg(long, default_value_t = 0)]
         kv_offload_mib: usize,
+        /// A directory for a disk tier below the host tier: blocks the host tier evicts are
+        /// written there, one file each (the worker locks it and empties it of block files at
+        /// start; needs --kv-offload-mib).
+        #[arg(long)]
+        kv_offload_dir: Option<PathBuf>,
+        /// The disk tier's size, in MiB.
+        #[arg(long, default_value_t = 4096, requires = "kv_offload_dir")]
+        kv_offload_disk_mib: usize,
         #[arg(long, default_value = "127.0.0.1")]
         host: std::net::IpAddr,
         #[arg(long)]
@@ -222,6 +230,11 @@ const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 enum Backend {
     Cpu,
     Sim,
+}
+
+fn mib_to_bytes(flag: &str, mib: usize) -> Result<usize, String> {
+    mib.checked_mul(1 << 20)
+        .ok_or_else(|| format!("{flag} {mib} is more than this machine can name"))
 }
 
 /// Log lines waiting for stderr; past this they are dropped.
@@ -403,6 +416,8 @@ fn run(command: Command) -> Result<(), String> {
             threads,
             kv_cache_mib,
             kv_offload_mib,
+            kv_offload_dir,
+            kv_offload_disk_mib,
             host,
             port,
             model,
@@ -472,9 +487,14 @@ fn run(command: Command) -> Result<(), String> {
                 prefix_caching: !no_prefix_caching,
                 adapters,
                 speculation,
-                offload_bytes: kv_offload_mib.checked_mul(1 << 20).ok_or_else(|| {
-                    format!("--kv-offload-mib {kv_offload_mib} is more memory than this machine can name")
-                })?,
+                offload_bytes: mib_to_bytes("--kv-offload-mib", kv_offload_mib)?,
+                disk_tier: match kv_offload_dir {
+                    Some(dir) => Some((
+                        dir,
+                        mib_to_bytes("--kv-offload-disk-mib", kv_offload_disk_mib)?,
+                    )),
+                    None => None,
+                },
             })
         }
         Command::CheckConfig { file } => match kvgate_router::check_config(&file) {

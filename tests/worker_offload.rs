@@ -38,8 +38,8 @@ async fn complete(w: &SimWorker, prompt: &[u32]) -> serde_json::Value {
     r
 }
 
-/// The host tier's stored blocks among the events the worker has published so far.
-async fn host_blocks_stored(url: &str) -> usize {
+/// The blocks stored in `tier` among the events the worker has published so far.
+async fn blocks_stored(url: &str, tier: Tier) -> usize {
     let mut resp = reqwest::Client::new()
         .get(format!("{url}/kv/events?from=1"))
         .send()
@@ -55,13 +55,13 @@ async fn host_blocks_stored(url: &str) -> usize {
             let line: Vec<u8> = buf.drain(..=nl).collect();
             let batch: KvEventBatch = serde_json::from_slice(&line).unwrap();
             for e in batch.events {
-                if let KvEvent::Stored {
-                    hashes,
-                    tier: Tier::Host,
-                    ..
-                } = e
-                {
-                    stored += hashes.len();
+                match e {
+                    KvEvent::Stored {
+                        hashes, tier: t, ..
+                    } if t == tier => {
+                        stored += hashes.len();
+                    }
+                    _ => {}
                 }
             }
         }
@@ -87,7 +87,43 @@ async fn an_evicted_prefix_is_served_from_the_host_tier() {
     let offload = w.get("/stats").await["engine"]["offload"].clone();
     assert_eq!(offload["loaded_blocks"], 9, "{offload}");
     assert!(offload["capacity_bytes"] == 64 << 20, "{offload}");
-    assert!(host_blocks_stored(&w.url()).await >= 9);
+    assert!(blocks_stored(&w.url(), Tier::Host).await >= 9);
+}
+
+/// With a host tier of two blocks over a disk tier, most of the evicted prefix comes back
+/// from disk; the disk tier shows in `/stats`, `/metrics` and the KV events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicted_prefix_is_served_from_the_disk_tier() {
+    let dir = std::env::temp_dir().join(format!("kvgate-disk-tier-{}", free_port()));
+    let mut flags = CPU.to_vec();
+    flags[9] = "1"; // --kv-offload-mib: 2 blocks of 360 KiB
+    let dir_arg = dir.to_str().unwrap();
+    flags.extend(["--kv-offload-dir", dir_arg, "--kv-offload-disk-mib", "64"]);
+    let w = SimWorker::start_cpu(&flags).await;
+    let (a, b) = (prompt(1, 150), prompt(2, 310));
+    let first = complete(&w, &a).await;
+    complete(&w, &b).await;
+    let again = complete(&w, &a).await;
+    assert_eq!(
+        again["usage"]["prompt_tokens_details"]["cached_tokens"], 144,
+        "{again}"
+    );
+    assert_eq!(again["choices"], first["choices"]);
+    let offload = w.get("/stats").await["engine"]["offload"].clone();
+    assert_eq!(offload["loaded_blocks"], 2, "{offload}");
+    assert_eq!(offload["disk"]["loaded_blocks"], 7, "{offload}");
+    assert!(offload["disk"]["load_cost"].as_f64().unwrap() < 1.0);
+    assert!(blocks_stored(&w.url(), Tier::Disk).await >= 7);
+    let metrics = w.metrics().await;
+    assert!(
+        metric(&metrics, "kvgate_worker_kv_disk_loaded_blocks_total") >= 7.0,
+        "{metrics}"
+    );
+    let snapshot = w.get("/kv/snapshot").await;
+    assert!(
+        snapshot["disk_hashes"].as_array().unwrap().len() >= 7,
+        "{snapshot}"
+    );
 }
 
 /// Through an agent and a token-mode gateway: explain names the blocks a replica holds only in
@@ -170,6 +206,16 @@ fn a_tier_the_worker_cannot_keep_is_refused_at_start() {
             "cpu",
             vec!["--kv-offload-mib", "64", "--no-prefix-caching"],
             "needs prefix caching",
+        ),
+        (
+            "cpu",
+            vec!["--kv-offload-dir", "/tmp/kvgate-no-host-tier"],
+            "give --kv-offload-mib too",
+        ),
+        (
+            "cpu",
+            vec!["--kv-offload-mib", "8", "--kv-offload-dir", "/proc/kvgate"],
+            "cannot create /proc/kvgate",
         ),
     ];
     for (backend, flags, expected) in cases {

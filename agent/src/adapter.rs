@@ -94,7 +94,12 @@ impl EngineAdapter for Kvgate {
                 draft_tokens: e.spec.draft_tokens,
                 accepted_tokens: e.spec.accepted_tokens,
             }),
-            host_block_value: e.offload.load_cost.map(|c| (1.0 - c).clamp(0.0, 1.0)),
+            host_block_value: e.offload.load_cost.map(saved_by_loading),
+            disk_block_value: e
+                .offload
+                .disk
+                .as_ref()
+                .map(|d| saved_by_loading(d.load_cost)),
         })
     }
 }
@@ -151,6 +156,7 @@ impl EngineAdapter for Vllm {
                         .unwrap_or(0.0) as u64,
                 }),
             host_block_value: None,
+            disk_block_value: None,
         })
     }
 }
@@ -287,6 +293,12 @@ fn parse_sample(line: &str) -> Option<(String, BTreeMap<String, String>, f64)> {
         v => v.parse().ok()?,
     };
     Some((name, labels, value))
+}
+
+/// A lower-tier block's worth against a device block: the share of computing it that loading
+/// it back at `load_cost` saves.
+fn saved_by_loading(load_cost: f64) -> f64 {
+    (1.0 - load_cost).clamp(0.0, 1.0)
 }
 
 #[cfg(test)]

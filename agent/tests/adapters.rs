@@ -80,7 +80,7 @@ fn llamacpp_slots_and_metrics_recorded_from_llama_server() {
 
 #[test]
 fn kvgate_stats_and_missing_bodies() {
-    use kvgate_protocol::worker_stats::{EngineStats, WorkerStats};
+    use kvgate_protocol::worker_stats::{DiskTierStats, EngineStats, WorkerStats};
     let stats = WorkerStats {
         model: "m".into(),
         adapters: vec!["sql".into()],
@@ -112,6 +112,16 @@ fn kvgate_stats_and_missing_bodies() {
         Some(0.75),
         "what loading a block back saves"
     );
+    assert_eq!(s.disk_block_value, None, "no disk tier");
+    offloading.engine.offload.disk = Some(DiskTierStats {
+        load_cost: 0.4,
+        ..DiskTierStats::default()
+    });
+    let s = parse(
+        "kvgate",
+        &[Some(serde_json::to_string(&offloading).unwrap())],
+    );
+    assert_eq!(s.disk_block_value, Some(0.6));
     let err = for_engine("kvgate").unwrap().parse(&[None]).unwrap_err();
     assert!(err.contains("/stats"), "{err}");
     // A body that is not the worker's contract says what is missing.

@@ -17,6 +17,7 @@ enum Op {
         seq: u8,
         device: Vec<u8>,
         host: Vec<u8>,
+        disk: Vec<u8>,
         then: Vec<Batch>,
     },
     Batches {
@@ -47,15 +48,16 @@ struct Batch {
 
 #[derive(Debug, Arbitrary)]
 enum Event {
-    Stored { blocks: Vec<u8>, host: bool },
-    Removed { blocks: Vec<u8>, host: bool },
+    Stored { blocks: Vec<u8>, tier: u8 },
+    Removed { blocks: Vec<u8>, tier: u8 },
     AllCleared,
 }
 
-/// What a replica holds by the events: hash → (device, host), and its last batch.
+/// What a replica holds by the events: hash → held in [device, host, disk], and its last
+/// batch.
 #[derive(Default, Clone)]
 struct Held {
-    blocks: HashMap<u64, (bool, bool)>,
+    blocks: HashMap<u64, [bool; 3]>,
     seq: Option<u64>,
 }
 
@@ -63,12 +65,14 @@ fn hash(b: u8) -> u64 {
     u64::from(b).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
-fn tier(host: bool) -> Tier {
-    if host {
-        Tier::Host
-    } else {
-        Tier::Device
-    }
+const TIERS: [Tier; 3] = [Tier::Device, Tier::Host, Tier::Disk];
+
+fn tier(t: u8) -> Tier {
+    TIERS[usize::from(t) % TIERS.len()]
+}
+
+fn slot(t: Tier) -> usize {
+    TIERS.iter().position(|&x| x == t).unwrap_or(0)
 }
 
 impl Batch {
@@ -77,14 +81,14 @@ impl Batch {
             .events
             .iter()
             .map(|e| match e {
-                Event::Stored { blocks, host } => KvEvent::Stored {
+                Event::Stored { blocks, tier: t } => KvEvent::Stored {
                     hashes: blocks.iter().copied().map(hash).collect(),
                     parent: None,
-                    tier: tier(*host),
+                    tier: tier(*t),
                 },
-                Event::Removed { blocks, host } => KvEvent::Removed {
+                Event::Removed { blocks, tier: t } => KvEvent::Removed {
                     hashes: blocks.iter().copied().map(hash).collect(),
-                    tier: tier(*host),
+                    tier: tier(*t),
                 },
                 Event::AllCleared => KvEvent::AllCleared,
             })
@@ -103,11 +107,13 @@ impl Held {
     fn apply(&mut self, update: &KvUpdate) -> bool {
         if let Some(s) = &update.snapshot {
             *self = Held::default();
-            for &h in &s.hashes {
-                self.blocks.entry(h).or_default().0 = true;
-            }
-            for &h in &s.host_hashes {
-                self.blocks.entry(h).or_default().1 = true;
+            for (t, hashes) in [&s.hashes, &s.host_hashes, &s.disk_hashes]
+                .into_iter()
+                .enumerate()
+            {
+                for &h in hashes {
+                    self.blocks.entry(h).or_default()[t] = true;
+                }
             }
             self.seq = Some(s.seq);
         }
@@ -121,21 +127,14 @@ impl Held {
                 match event {
                     KvEvent::Stored { hashes, tier, .. } => {
                         for h in hashes {
-                            let e = self.blocks.entry(*h).or_default();
-                            *e = match tier {
-                                Tier::Device => (true, e.1),
-                                Tier::Host => (e.0, true),
-                            };
+                            self.blocks.entry(*h).or_default()[slot(*tier)] = true;
                         }
                     }
                     KvEvent::Removed { hashes, tier } => {
                         for h in hashes {
                             if let Some(e) = self.blocks.get_mut(h) {
-                                *e = match tier {
-                                    Tier::Device => (false, e.1),
-                                    Tier::Host => (e.0, false),
-                                };
-                                if *e == (false, false) {
+                                e[slot(*tier)] = false;
+                                if *e == [false; 3] {
                                     self.blocks.remove(h);
                                 }
                             }
@@ -149,13 +148,15 @@ impl Held {
         self.seq.is_none()
     }
 
-    /// The worth of the prompt's leading run held: 1 a device block, 0.5 a host block.
+    /// The worth of the prompt's leading run held: 1 a device block, 0.5 a host block, 0.25
+    /// a disk block (the defaults: no engine said otherwise).
     fn run(&self, hashes: &[u64]) -> f64 {
         let mut value = 0.0;
         for h in hashes {
             match self.blocks.get(h) {
-                Some((true, _)) => value += 1.0,
-                Some((false, true)) => value += 0.5,
+                Some([true, _, _]) => value += 1.0,
+                Some([false, true, _]) => value += 0.5,
+                Some([false, false, true]) => value += 0.25,
                 _ => break,
             }
         }
@@ -177,6 +178,7 @@ pub fn prefix_index(data: &[u8]) {
                 seq,
                 device,
                 host,
+                disk,
                 then,
             } => {
                 let update = KvUpdate {
@@ -186,6 +188,7 @@ pub fn prefix_index(data: &[u8]) {
                         block_size: 16,
                         hashes: device.into_iter().map(hash).collect(),
                         host_hashes: host.into_iter().map(hash).collect(),
+                        disk_hashes: disk.into_iter().map(hash).collect(),
                     }),
                     batches: then.iter().map(Batch::to_wire).collect(),
                 };

@@ -8,7 +8,7 @@ use crate::peer_backlog::PeerBacklogs;
 use crate::replica_state::{AdapterStatus, ModelMatch, Slots};
 use crate::{
     AgentState, Applied, Candidate, Decision, FleetView, Freshness, Policy, PolicyConfig,
-    ReplicaId, ReplicaSpec, ReplicaState, ReplicaView, ReportAges, RequestFeatures,
+    ReplicaId, ReplicaSpec, ReplicaState, ReplicaView, ReportAges, RequestFeatures, TierValues,
 };
 use kvgate_protocol::telemetry::{KvUpdate, TelemetryReport};
 use std::collections::{BTreeMap, HashMap};
@@ -241,8 +241,11 @@ impl FleetState {
         if restarted {
             self.policy.forget(id);
         }
-        self.policy
-            .set_host_block_value(id, report.load.host_block_value);
+        let values = TierValues {
+            host: report.load.host_block_value,
+            disk: report.load.disk_block_value,
+        };
+        self.policy.set_tier_values(id, values);
         Some(ReportOutcome {
             restarted,
             missed: gap,

@@ -25,7 +25,7 @@ pub use fleet_state::{
     Ask, Ejection, FailureOutcome, FleetState, NoRoute, ReportOutcome, RequestId,
 };
 pub use peer_backlog::{LAPSE_MS as PEER_BACKLOG_LAPSE_MS, MAX_PEERS};
-pub use precise_index::{Applied, HeldByTier, PreciseIndex};
+pub use precise_index::{Applied, HeldByTier, PreciseIndex, TierValues};
 pub use prefix_index::ApproxPrefixIndex;
 pub use replica_state::{AgentState, Freshness, ReplicaSpec, ReplicaState, ReportAges};
 pub use ring::HashRing;

@@ -18,6 +18,7 @@ use std::collections::VecDeque;
 
 const DEVICE: u8 = 1;
 const HOST: u8 = 2;
+const DISK: u8 = 4;
 
 /// Blocks between two recorded guesses.
 pub const ASSUMED_STRIDE: usize = 4;
@@ -31,21 +32,45 @@ fn tier_bit(tier: Tier) -> u8 {
     match tier {
         Tier::Device => DEVICE,
         Tier::Host => HOST,
+        Tier::Disk => DISK,
     }
 }
 
 /// A host-tier block's worth against a device block's when its engine does not say.
 pub const DEFAULT_HOST_VALUE: f64 = 0.5;
+/// A disk-tier block's worth when its engine does not say.
+pub const DEFAULT_DISK_VALUE: f64 = 0.25;
 
-/// How much a held block is worth to a request: a device block is reused as it is, a host
-/// block must first be copied back, which saves `host` of computing it.
-fn block_value(tiers: u8, host: f64) -> f64 {
-    if tiers & DEVICE != 0 {
-        1.0
-    } else if tiers & HOST != 0 {
-        host
-    } else {
-        0.0
+/// What a replica's lower-tier blocks are worth against a device block: the share of
+/// computing one that loading it back saves, as its engine measured (`None`: the default).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TierValues {
+    pub host: Option<f64>,
+    pub disk: Option<f64>,
+}
+
+impl TierValues {
+    /// Each value in [0, 1]; one that is not a number is the default.
+    fn sanitized(self) -> TierValues {
+        let clean = |v: Option<f64>| v.filter(|v| v.is_finite()).map(|v| v.clamp(0.0, 1.0));
+        TierValues {
+            host: clean(self.host),
+            disk: clean(self.disk),
+        }
+    }
+
+    /// How much a held block is worth to a request: a device block is reused as it is, a
+    /// lower-tier block must first be copied back, which saves part of computing it.
+    fn block_value(self, tiers: u8) -> f64 {
+        if tiers & DEVICE != 0 {
+            1.0
+        } else if tiers & HOST != 0 {
+            self.host.unwrap_or(DEFAULT_HOST_VALUE)
+        } else if tiers & DISK != 0 {
+            self.disk.unwrap_or(DEFAULT_DISK_VALUE)
+        } else {
+            0.0
+        }
     }
 }
 
@@ -67,8 +92,8 @@ pub struct PreciseIndex {
     assumed: HashKeyMap<(ReplicaId, u64)>,
     /// Guesses in expiry order (expiry, hash), for purging.
     expiries: VecDeque<(u64, u64)>,
-    /// Per replica slot: a host-tier block's worth, as its engine measured (else the default).
-    host_values: Vec<Option<f64>>,
+    /// Per replica slot: its lower tiers' worth, as its engine measured.
+    tier_values: Vec<TierValues>,
 }
 
 /// What applying a report's KV update did.
@@ -89,25 +114,23 @@ impl PreciseIndex {
         self.len() == 0
     }
 
-    /// Sets what a block in `replica`'s host tier is worth (in [0, 1]; `None` or not a number:
-    /// the default).
-    pub fn set_host_value(&mut self, replica: ReplicaId, value: Option<f64>) {
+    /// Sets what blocks in `replica`'s lower tiers are worth.
+    pub fn set_tier_values(&mut self, replica: ReplicaId, values: TierValues) {
         let slot = replica.0 as usize;
-        if self.host_values.len() <= slot {
-            if value.is_none() {
+        if self.tier_values.len() <= slot {
+            if values == TierValues::default() {
                 return;
             }
-            self.host_values.resize(slot + 1, None);
+            self.tier_values.resize(slot + 1, TierValues::default());
         }
-        self.host_values[slot] = value.filter(|v| v.is_finite()).map(|v| v.clamp(0.0, 1.0));
+        self.tier_values[slot] = values.sanitized();
     }
 
-    fn host_value(&self, replica: ReplicaId) -> f64 {
-        self.host_values
+    fn tier_values(&self, replica: ReplicaId) -> TierValues {
+        self.tier_values
             .get(replica.0 as usize)
             .copied()
-            .flatten()
-            .unwrap_or(DEFAULT_HOST_VALUE)
+            .unwrap_or_default()
     }
 
     fn replica_mut(&mut self, replica: ReplicaId) -> &mut ReplicaBlocks {
@@ -149,6 +172,9 @@ impl PreciseIndex {
         }
         for &h in &snapshot.host_hashes {
             self.add(replica, h, HOST);
+        }
+        for &h in &snapshot.disk_hashes {
+            self.add(replica, h, DISK);
         }
         self.replica_mut(replica).seq = Some(snapshot.seq);
     }
@@ -287,6 +313,8 @@ impl PreciseIndex {
                 held.device += 1;
             } else if tiers & HOST != 0 {
                 held.host += 1;
+            } else if tiers & DISK != 0 {
+                held.disk += 1;
             } else {
                 break;
             }
@@ -310,7 +338,9 @@ impl PreciseIndex {
             }
             let mut any = false;
             for run in runs.iter_mut().filter(|r| r.blocks == i) {
-                let value = block_value(holders.tiers(run.replica), self.host_value(run.replica));
+                let value = self
+                    .tier_values(run.replica)
+                    .block_value(holders.tiers(run.replica));
                 if value > 0.0 {
                     run.value += value;
                     run.blocks += 1;
@@ -365,6 +395,8 @@ pub struct HeldByTier {
     pub device: usize,
     /// Blocks only in its host tier: loaded back before the prompt's step.
     pub host: usize,
+    /// Blocks only in its disk tier.
+    pub disk: usize,
 }
 
 /// A replica's leading run of a prompt's blocks, from events.
@@ -403,6 +435,7 @@ mod tests {
                 block_size: 16,
                 hashes: hashes.to_vec(),
                 host_hashes: vec![],
+                disk_hashes: vec![],
             }),
             batches: vec![],
         }
@@ -472,16 +505,57 @@ mod tests {
             vec![2.0, 2.0],
             "the default, half"
         );
-        idx.set_host_value(A, Some(0.97));
-        idx.set_host_value(B, Some(f64::NAN));
+        let host = |v| TierValues {
+            host: v,
+            disk: None,
+        };
+        idx.set_tier_values(A, host(Some(0.97)));
+        idx.set_tier_values(B, host(Some(f64::NAN)));
         let got = overlaps(&idx, &[1, 2, 3], 0);
         assert!((got[0] - 2.94).abs() < 1e-9 && got[1] == 2.0, "{got:?}");
-        idx.set_host_value(B, Some(7.0));
-        idx.set_host_value(A, None);
+        idx.set_tier_values(B, host(Some(7.0)));
+        idx.set_tier_values(A, host(None));
         assert_eq!(
             overlaps(&idx, &[1, 2, 3], 0),
             vec![2.0, 3.0],
             "clamped to a device block's worth; None is the default again"
+        );
+    }
+
+    #[test]
+    fn a_disk_block_is_worth_what_its_engine_measured_below_the_host_tier() {
+        let mut idx = PreciseIndex::default();
+        for r in [A, B] {
+            idx.apply(r, &snapshot(0, &[1]));
+            idx.apply(
+                r,
+                &batches(vec![
+                    stored(1, &[2], Tier::Host),
+                    stored(2, &[3, 4], Tier::Disk),
+                ]),
+            );
+        }
+        assert_eq!(
+            overlaps(&idx, &[1, 2, 3, 4], 0),
+            vec![2.0, 2.0],
+            "the defaults: a half and two quarters"
+        );
+        idx.set_tier_values(
+            A,
+            TierValues {
+                host: Some(0.9),
+                disk: Some(0.6),
+            },
+        );
+        let got = overlaps(&idx, &[1, 2, 3, 4], 0);
+        assert!((got[0] - 3.1).abs() < 1e-9 && got[1] == 2.0, "{got:?}");
+        assert_eq!(
+            idx.held_by_tier(&[1, 2, 3, 4, 5], A),
+            HeldByTier {
+                device: 1,
+                host: 1,
+                disk: 2
+            }
         );
     }
 
@@ -504,11 +578,19 @@ mod tests {
         );
         assert_eq!(
             idx.held_by_tier(&[1, 2, 3, 4], B),
-            HeldByTier { device: 2, host: 1 }
+            HeldByTier {
+                device: 2,
+                host: 1,
+                disk: 0
+            }
         );
         assert_eq!(
             idx.held_by_tier(&[1, 2, 3], A),
-            HeldByTier { device: 2, host: 0 }
+            HeldByTier {
+                device: 2,
+                host: 0,
+                disk: 0
+            }
         );
         let remove = KvEventBatch {
             version: KV_EVENTS_VERSION,

@@ -7,7 +7,7 @@ use crate::signal::BySignal;
 use crate::traffic::{GroupTraffic, RecentTraffic};
 use crate::{
     Applied, ApproxPrefixIndex, FleetView, HashRing, PolicyConfig, PreciseIndex, ReplicaId,
-    RequestFeatures, Signal,
+    RequestFeatures, Signal, TierValues,
 };
 use kvgate_protocol::telemetry::KvUpdate;
 use serde::Serialize;
@@ -174,10 +174,10 @@ impl Policy {
         self.precise.clear_replica(replica);
     }
 
-    /// What a block in `replica`'s host tier is worth against a device block, as its engine
-    /// measured (`None`: the index's default).
-    pub fn set_host_block_value(&mut self, replica: ReplicaId, value: Option<f64>) {
-        self.precise.set_host_value(replica, value);
+    /// What blocks in `replica`'s lower tiers are worth against a device block, as its
+    /// engine measured.
+    pub fn set_tier_values(&mut self, replica: ReplicaId, values: TierValues) {
+        self.precise.set_tier_values(replica, values);
     }
 
     /// Applies the KV events a replica's agent relayed.

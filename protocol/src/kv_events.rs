@@ -12,6 +12,8 @@ pub const KV_EVENTS_VERSION: u32 = 1;
 pub enum Tier {
     Device,
     Host,
+    /// Files on the worker's disk (`--kv-offload-dir`), below the host tier.
+    Disk,
 }
 
 /// One change to a worker's set of cached blocks (hashes from [`crate::block_hashes`]).
@@ -50,6 +52,9 @@ pub struct KvSnapshot {
     /// Blocks offloaded to host memory.
     #[serde(default)]
     pub host_hashes: Vec<u64>,
+    /// Blocks offloaded to disk.
+    #[serde(default)]
+    pub disk_hashes: Vec<u64>,
 }
 
 /// Applies a batch to a set of block hashes (the subscriber's side).

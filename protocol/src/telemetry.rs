@@ -98,6 +98,9 @@ pub struct EngineLoad {
     /// engine keeps such a tier and says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_block_value: Option<f64>,
+    /// The same for a block in its disk tier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_block_value: Option<f64>,
 }
 
 /// How an engine's speculative drafts fare (vLLM's `spec_decode` counters), cumulative.

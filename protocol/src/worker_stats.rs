@@ -57,6 +57,27 @@ pub struct OffloadStats {
     pub offloaded_blocks: u64,
     /// Blocks loaded back into the pool for a prefix instead of computed again.
     pub loaded_blocks: u64,
+    /// The disk tier below it (`None` without one).
+    pub disk: Option<DiskTierStats>,
+}
+
+/// The disk tier's contents and traffic.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DiskTierStats {
+    pub capacity_bytes: u64,
+    /// What loading a block back from disk costs against computing it (a read timed at
+    /// start, then the backend's load).
+    pub load_cost: f64,
+    pub blocks: u64,
+    pub bytes: u64,
+    /// Blocks the host tier evicted and the disk tier kept.
+    pub stored_blocks: u64,
+    /// Blocks loaded back from disk.
+    pub loaded_blocks: u64,
+    /// Files that did not read back whole (a checksum, a length, an I/O error): dropped, and
+    /// their prefixes computed again.
+    pub failed_reads: u64,
 }
 
 /// Most drafted tokens per request per step; acceptance is counted per position up to it.

@@ -118,6 +118,7 @@ impl Replica {
                     block_size,
                     hashes: self.engine.cached_hashes(),
                     host_hashes: Vec::new(),
+                    disk_hashes: Vec::new(),
                 }),
                 batches: Vec::new(),
             }

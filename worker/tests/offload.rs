@@ -176,3 +176,123 @@ fn a_small_tier_keeps_the_head_of_a_prefix_and_drops_its_tail() {
     );
     e.check_kv().unwrap();
 }
+
+fn disk_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("kvgate-offload-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// A host tier of 4 blocks over a disk tier: the prefix's head stays in memory, its tail is
+/// written to disk.
+fn tiered_engine(model: &ModelFile, dir: &std::path::Path) -> Engine<CpuBackend> {
+    let mut e = engine(model);
+    let block_bytes = 30 * 2 * BLOCK * 192 * 2;
+    e.enable_offload_at(4 * block_bytes, 0.1);
+    let cost = e.enable_disk_tier(dir, 64 << 20).unwrap();
+    assert!(
+        cost < 1.0,
+        "reading a block back costs {cost} of computing it"
+    );
+    e
+}
+
+#[test]
+fn a_prefix_spread_over_host_and_disk_comes_back_whole_with_the_same_output() {
+    let model = ModelFile::open(&common::default_model()).unwrap();
+    let dir = disk_dir("spread");
+    let mut e = tiered_engine(&model, &dir);
+    let (a, b) = (prompt(1, 150), prompt(2, 310));
+    let first = answer(&mut e, 1, &a);
+    let evicting = answer(&mut e, 2, &b);
+    let disk_stored = evicting
+        .events
+        .iter()
+        .filter_map(|ev| match ev {
+            KvEvent::Stored {
+                hashes,
+                tier: Tier::Disk,
+                ..
+            } => Some(hashes.len()),
+            _ => None,
+        })
+        .sum::<usize>();
+    assert_eq!(disk_stored, 5, "the 5 blocks the host tier evicted");
+    assert_eq!(e.disk_hashes().len(), 5);
+    let again = answer(&mut e, 3, &a);
+    assert_eq!(again.cached, 9 * BLOCK, "4 blocks from memory, 5 from disk");
+    assert_eq!(again.tokens, first.tokens);
+    assert_eq!(again.logprobs, first.logprobs, "bit for bit");
+    let stats = e.stats().offload;
+    let disk = stats.disk.clone().unwrap();
+    assert_eq!(
+        (stats.loaded_blocks, disk.loaded_blocks),
+        (4, 5),
+        "{stats:?}"
+    );
+    assert_eq!(disk.failed_reads, 0);
+    e.check_kv().unwrap();
+    drop(e);
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|f| f.ok())
+        .filter(|f| f.path().extension().is_some_and(|x| x == "kvblock"))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "a stopped engine leaves no block files: {left:?}"
+    );
+}
+
+#[test]
+fn a_corrupted_disk_block_is_computed_again_not_served() {
+    let model = ModelFile::open(&common::default_model()).unwrap();
+    let dir = disk_dir("corrupt");
+    let mut e = tiered_engine(&model, &dir);
+    let (a, b) = (prompt(1, 150), prompt(2, 310));
+    let first = answer(&mut e, 1, &a);
+    answer(&mut e, 2, &b);
+    // Flip one byte of every block file's K/V (past the 20-byte header).
+    for file in std::fs::read_dir(&dir).unwrap().filter_map(|f| f.ok()) {
+        let path = file.path();
+        if path.extension().is_some_and(|x| x == "kvblock") {
+            let mut bytes = std::fs::read(&path).unwrap();
+            bytes[100] ^= 0x40;
+            std::fs::write(&path, bytes).unwrap();
+        }
+    }
+    let again = answer(&mut e, 3, &a);
+    assert_eq!(
+        again.cached,
+        4 * BLOCK,
+        "the host tier's 4 blocks; the rest computed"
+    );
+    assert_eq!(again.tokens, first.tokens);
+    assert_eq!(again.logprobs, first.logprobs);
+    let disk = e.stats().offload.disk.clone().unwrap();
+    assert_eq!((disk.loaded_blocks, disk.failed_reads), (0, 1), "{disk:?}");
+    let removed = again.events.iter().any(|ev| {
+        matches!(
+            ev,
+            KvEvent::Removed {
+                tier: Tier::Disk,
+                ..
+            }
+        )
+    });
+    assert!(removed, "the dropped block is announced as gone");
+    e.check_kv().unwrap();
+}
+
+#[test]
+fn a_disk_tier_needs_the_host_tier_and_a_directory_of_its_own() {
+    let model = ModelFile::open(&common::default_model()).unwrap();
+    let dir = disk_dir("refusals");
+    let err = engine(&model).enable_disk_tier(&dir, 1 << 20).unwrap_err();
+    assert!(err.contains("--kv-offload-mib"), "{err}");
+    let _first = tiered_engine(&model, &dir);
+    let mut second = engine(&model);
+    second.enable_offload_at(1 << 20, 0.1);
+    let err = second.enable_disk_tier(&dir, 1 << 20).unwrap_err();
+    assert!(err.contains("in use by another worker"), "{err}");
+}

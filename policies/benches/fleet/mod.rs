@@ -96,6 +96,7 @@ fn token_prompts_held(replicas: u32) -> (Vec<RequestFeatures>, Vec<KvUpdate>) {
                 block_size: 16,
                 hashes,
                 host_hashes: Vec::new(),
+                disk_hashes: Vec::new(),
             }),
             batches: Vec::new(),
         })

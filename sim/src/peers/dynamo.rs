@@ -154,6 +154,7 @@ mod tests {
                 block_size: 16,
                 hashes,
                 host_hashes: Vec::new(),
+                disk_hashes: Vec::new(),
             }),
             batches: Vec::new(),
         };

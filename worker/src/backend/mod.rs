@@ -78,10 +78,10 @@ pub trait Backend {
         Err(cannot_draft(method))
     }
 
-    /// What loading a block back from host memory costs, relative to computing its tokens
-    /// again, measured before the first request; `None` from a backend that holds no K/V to
-    /// move (then nothing is offloaded).
-    fn block_load_cost(&mut self) -> Option<f64> {
+    /// What computing a block's tokens and loading its K/V back from host memory each cost,
+    /// measured before the first request; `None` from a backend that holds no K/V to move
+    /// (then nothing is offloaded).
+    fn block_costs(&mut self) -> Option<BlockCosts> {
         None
     }
 
@@ -133,8 +133,8 @@ impl Backend for Box<dyn Backend + Send> {
         (**self).drafter(method)
     }
 
-    fn block_load_cost(&mut self) -> Option<f64> {
-        (**self).block_load_cost()
+    fn block_costs(&mut self) -> Option<BlockCosts> {
+        (**self).block_costs()
     }
 
     fn export_block(&self, id: BlockId) -> Option<Vec<u8>> {
@@ -143,5 +143,25 @@ impl Backend for Box<dyn Backend + Send> {
 
     fn import_block(&mut self, id: BlockId, data: &[u8]) -> Result<(), BackendError> {
         (**self).import_block(id, data)
+    }
+}
+
+/// One block's costs, in seconds: computing its tokens, and importing its K/V exported
+/// before.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BlockCosts {
+    pub compute_s: f64,
+    pub load_s: f64,
+}
+
+impl BlockCosts {
+    /// Loading a block back from host memory against computing it.
+    pub fn load_cost(&self) -> f64 {
+        self.load_s / self.compute_s.max(1e-9)
+    }
+
+    /// The same, with `read_s` first to bring the block's bytes into memory.
+    pub fn load_cost_after(&self, read_s: f64) -> f64 {
+        (self.load_s + read_s) / self.compute_s.max(1e-9)
     }
 }

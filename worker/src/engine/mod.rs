@@ -88,6 +88,8 @@ pub struct Engine<B: Backend> {
     arrivals: u64,
     stats: EngineStats,
     spec: Option<Speculator>,
+    /// A block's compute and load costs, timed once, when an offload tier first needs them.
+    block_costs: Option<crate::backend::BlockCosts>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -122,6 +124,7 @@ impl<B: Backend> Engine<B> {
             arrivals: 0,
             stats: EngineStats::default(),
             spec: None,
+            block_costs: None,
         })
     }
 
@@ -203,6 +206,7 @@ impl<B: Backend> Engine<B> {
             arrivals: self.arrivals,
             stats: self.stats.clone(),
             spec: self.spec.clone(),
+            block_costs: self.block_costs,
         }
     }
 
@@ -438,6 +442,11 @@ impl<B: Backend> Engine<B> {
     /// Every block hash the offload tier holds (for KV-event snapshots).
     pub fn offloaded_hashes(&self) -> Vec<u64> {
         self.kv.offloaded_hashes()
+    }
+
+    /// Every block hash the disk tier holds.
+    pub fn disk_hashes(&self) -> Vec<u64> {
+        self.kv.disk_hashes()
     }
 
     /// Checks the KV pool against every request's block table: for tests.

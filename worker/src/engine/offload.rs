@@ -1,9 +1,13 @@
-//! The engine's side of the offload tier: cached blocks the pool evicts are copied out of the
-//! backend before anything overwrites them, and blocks taken for prefixes the tier holds are
+//! The engine's side of the offload tiers: cached blocks the pool evicts are copied out of the
+//! backend before anything overwrites them, and blocks taken for prefixes a tier holds are
 //! written back before the step that reads them.
 
 use super::Engine;
-use crate::backend::{Backend, BackendError};
+use crate::backend::{Backend, BackendError, BlockCosts};
+use crate::kv::DiskTier;
+use kvgate_protocol::kv_events::Tier;
+use kvgate_protocol::worker_stats::DiskTierStats;
+use std::path::Path;
 
 impl<B: Backend> Engine<B> {
     /// Keeps evicted prefix blocks in a host tier of `capacity_bytes`. Prefixes found there
@@ -13,10 +17,44 @@ impl<B: Backend> Engine<B> {
         if !self.config.prefix_caching {
             return Err("an offload tier needs prefix caching, which is off".into());
         }
-        let cost = self.backend.block_load_cost().ok_or(
+        let costs = self.block_costs()?;
+        self.enable_offload_at(capacity_bytes, costs.load_cost());
+        Ok(costs.load_cost())
+    }
+
+    fn block_costs(&mut self) -> Result<BlockCosts, String> {
+        if let Some(costs) = self.block_costs {
+            return Ok(costs);
+        }
+        let costs = self.backend.block_costs().ok_or(
             "this backend holds no K/V to offload (the cpu backend does; the sim backend does not)",
         )?;
-        self.enable_offload_at(capacity_bytes, cost);
+        self.block_costs = Some(costs);
+        Ok(costs)
+    }
+
+    /// Puts a disk tier of `capacity_bytes` in `dir` below the host tier (which must be on):
+    /// blocks the host tier evicts are written there, and prefixes found there are read back
+    /// while a read and a load cost less than computing them. Returns that cost, or why the
+    /// tier cannot run.
+    pub fn enable_disk_tier(&mut self, dir: &Path, capacity_bytes: usize) -> Result<f64, String> {
+        if !self.kv.offload_enabled() {
+            return Err("a disk tier sits below the host tier: give --kv-offload-mib too".into());
+        }
+        let costs = self.block_costs()?;
+        let block = self
+            .backend
+            .export_block(1)
+            .ok_or("this backend holds no K/V to offload")?;
+        let disk = DiskTier::open(dir, capacity_bytes)?;
+        let read = disk.time_read(block.len())?;
+        let cost = costs.load_cost_after(read.as_secs_f64());
+        self.kv.enable_disk_tier(disk, cost < 1.0);
+        self.stats.offload.disk = Some(DiskTierStats {
+            capacity_bytes: capacity_bytes as u64,
+            load_cost: cost,
+            ..DiskTierStats::default()
+        });
         Ok(cost)
     }
 
@@ -37,7 +75,10 @@ impl<B: Backend> Engine<B> {
         self.offload_evicted();
         for load in self.kv.take_loads() {
             self.backend.import_block(load.id, &load.data)?;
-            self.stats.offload.loaded_blocks += 1;
+            match (load.from, &mut self.stats.offload.disk) {
+                (Tier::Disk, Some(disk)) => disk.loaded_blocks += 1,
+                _ => self.stats.offload.loaded_blocks += 1,
+            }
         }
         Ok(())
     }
@@ -53,5 +94,13 @@ impl<B: Backend> Engine<B> {
         let (blocks, bytes) = self.kv.offload_usage();
         self.stats.offload.blocks = blocks as u64;
         self.stats.offload.bytes = bytes as u64;
+        if let Some(stats) = &mut self.stats.offload.disk {
+            self.kv.with_disk_tier(|disk| {
+                stats.blocks = disk.len() as u64;
+                stats.bytes = disk.used_bytes() as u64;
+                stats.stored_blocks = disk.stored_blocks();
+                stats.failed_reads = disk.failed_reads();
+            });
+        }
     }
 }

@@ -4,14 +4,16 @@
 //! [`KvManager::allocate`], [`KvManager::commit`], and freeing, which happens when a
 //! request's [`KvBlocks`] is dropped, so an aborted or failed request cannot leak a block.
 
+mod disk_tier;
 mod offload;
 mod pool;
 
+pub use disk_tier::DiskTier;
 pub use offload::{OffloadTier, Offloaded};
 pub use pool::{BlockId, BlockPool, Evicted};
 
 use crate::request::Request;
-use kvgate_protocol::kv_events::KvEvent;
+use kvgate_protocol::kv_events::{KvEvent, Tier};
 use kvgate_protocol::{extend_block_hashes, HashSeed};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -53,6 +55,8 @@ pub struct KvManager {
     loads: RefCell<Vec<Load>>,
     /// Whether loading a block back costs less than computing it again (the backend times it).
     loads_pay: Cell<bool>,
+    /// The same for a block read back from the disk tier first.
+    disk_loads_pay: Cell<bool>,
 }
 
 /// A block to fill from the offload tier before the step that reads it.
@@ -60,6 +64,8 @@ pub struct KvManager {
 pub struct Load {
     pub id: BlockId,
     pub data: Arc<[u8]>,
+    /// The tier it was read from: host or disk.
+    pub from: Tier,
 }
 
 impl KvManager {
@@ -73,7 +79,31 @@ impl KvManager {
             tier: None,
             loads: RefCell::default(),
             loads_pay: Cell::new(true),
+            disk_loads_pay: Cell::new(false),
         }
+    }
+
+    /// Puts `disk` below the host tier (which must be on): the blocks it evicts go there, and
+    /// prefixes found there are read back while `pays` (cheaper than computing them).
+    pub fn enable_disk_tier(&self, disk: DiskTier, pays: bool) -> bool {
+        let Some(tier) = &self.tier else {
+            return false;
+        };
+        tier.borrow_mut().set_disk(disk);
+        self.disk_loads_pay.set(pays);
+        true
+    }
+
+    /// `read` of the disk tier, if there is one.
+    pub fn with_disk_tier<R>(&self, read: impl FnOnce(&DiskTier) -> R) -> Option<R> {
+        let tier = self.tier.as_ref()?.borrow();
+        tier.disk().map(read)
+    }
+
+    pub fn disk_hashes(&self) -> Vec<u64> {
+        self.tier
+            .as_ref()
+            .map_or_else(Vec::new, |t| t.borrow().disk_hashes())
     }
 
     /// Keeps evicted cached blocks in a host tier of `capacity_bytes` (with prefix caching).
@@ -134,6 +164,7 @@ impl KvManager {
             tier: self.tier.clone(),
             loads: self.loads.clone(),
             loads_pay: self.loads_pay.clone(),
+            disk_loads_pay: Cell::new(false),
         }
     }
 
@@ -236,13 +267,15 @@ impl KvManager {
             // Loaded blocks are registered by `commit` once the step that follows has run.
             for &hash in &req.block_hashes[req.kv.ids.len()..max_blocks.min(req.block_hashes.len())]
             {
-                let Some(block) = tier.get(hash) else { break };
+                if pool.free_blocks() == 0 {
+                    break;
+                }
+                let Some((data, from)) = tier.fetch(hash, self.disk_loads_pay.get()) else {
+                    break;
+                };
                 let Some(id) = pool.allocate() else { break };
                 req.kv.ids.push(id);
-                loads.push(Load {
-                    id,
-                    data: Arc::clone(&block.data),
-                });
+                loads.push(Load { id, data, from });
             }
         }
         req.kv.ids.len() * self.block_size

@@ -1,8 +1,10 @@
 //! The offload tier: KV blocks evicted from the device pool, kept in host memory by the hash the
 //! gateway and worker share, so that a returning prefix is loaded back instead of recomputed.
-//! Bounded in bytes, least recently used evicted first; each entry keeps its parent's hash so
-//! that KV events can announce it as part of its chain.
+//! Bounded in bytes, least recently used evicted first (to the disk tier below, when there is
+//! one); each entry keeps its parent's hash so that KV events can announce it as part of its
+//! chain.
 
+use super::disk_tier::DiskTier;
 use kvgate_protocol::kv_events::{KvEvent, Tier};
 use lru::LruCache;
 use std::sync::Arc;
@@ -15,12 +17,27 @@ pub struct Offloaded {
     pub data: Arc<[u8]>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct OffloadTier {
     capacity_bytes: usize,
     used_bytes: usize,
     blocks: LruCache<u64, Offloaded>,
     events: Vec<KvEvent>,
+    disk: Option<DiskTier>,
+}
+
+/// A copy of the host tier, without the disk tier, whose files only the original may touch
+/// (copies serve look-ahead).
+impl Clone for OffloadTier {
+    fn clone(&self) -> Self {
+        OffloadTier {
+            capacity_bytes: self.capacity_bytes,
+            used_bytes: self.used_bytes,
+            blocks: self.blocks.clone(),
+            events: self.events.clone(),
+            disk: None,
+        }
+    }
 }
 
 impl OffloadTier {
@@ -30,7 +47,17 @@ impl OffloadTier {
             used_bytes: 0,
             blocks: LruCache::unbounded(),
             events: Vec::new(),
+            disk: None,
         }
+    }
+
+    /// Blocks this tier evicts go on to `disk`.
+    pub fn set_disk(&mut self, disk: DiskTier) {
+        self.disk = Some(disk);
+    }
+
+    pub fn disk(&self) -> Option<&DiskTier> {
+        self.disk.as_ref()
     }
 
     pub fn capacity_bytes(&self) -> usize {
@@ -72,6 +99,9 @@ impl OffloadTier {
                 hashes: vec![old],
                 tier: Tier::Host,
             });
+            if let Some(disk) = &mut self.disk {
+                disk.put(old, &evicted);
+            }
         }
         self.used_bytes += size;
         self.events.push(KvEvent::Stored {
@@ -87,6 +117,16 @@ impl OffloadTier {
         self.blocks.get(&hash)
     }
 
+    /// The contents of block `hash` from host memory, else (with `from_disk`) read back from
+    /// the disk tier; and the tier it came from.
+    pub fn fetch(&mut self, hash: u64, from_disk: bool) -> Option<(Arc<[u8]>, Tier)> {
+        if let Some(block) = self.blocks.get(&hash) {
+            return Some((Arc::clone(&block.data), Tier::Host));
+        }
+        let disk = self.disk.as_mut().filter(|_| from_disk)?;
+        disk.load(hash).map(|b| (b.data, Tier::Disk))
+    }
+
     /// Forgets every block (a reset).
     pub fn clear(&mut self) {
         if !self.blocks.is_empty() {
@@ -98,6 +138,9 @@ impl OffloadTier {
         }
         self.blocks.clear();
         self.used_bytes = 0;
+        if let Some(disk) = &mut self.disk {
+            disk.clear();
+        }
     }
 
     /// Every held hash (a snapshot for KV-event subscribers).
@@ -105,9 +148,18 @@ impl OffloadTier {
         self.blocks.iter().map(|(&h, _)| h).collect()
     }
 
-    /// Events since the last call.
+    /// The disk tier's hashes (a snapshot).
+    pub fn disk_hashes(&self) -> Vec<u64> {
+        self.disk.as_ref().map_or_else(Vec::new, DiskTier::hashes)
+    }
+
+    /// Events since the last call: the host tier's, then the disk tier's.
     pub fn take_events(&mut self) -> Vec<KvEvent> {
-        std::mem::take(&mut self.events)
+        let mut events = std::mem::take(&mut self.events);
+        if let Some(disk) = &mut self.disk {
+            events.extend(disk.take_events());
+        }
+        events
     }
 }
 

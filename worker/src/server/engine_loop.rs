@@ -163,12 +163,15 @@ fn handle(
             hashes.sort_unstable();
             let mut host_hashes = engine.offloaded_hashes();
             host_hashes.sort_unstable();
+            let mut disk_hashes = engine.disk_hashes();
+            disk_hashes.sort_unstable();
             let _ = reply.send(KvSnapshot {
                 version: KV_EVENTS_VERSION,
                 seq,
                 block_size: engine.config().block_size,
                 hashes,
                 host_hashes,
+                disk_hashes,
             });
         }
     }

@@ -32,6 +32,11 @@ pub struct Metrics {
     offload_bytes: IntGauge,
     offloaded_blocks: IntCounter,
     offload_loaded_blocks: IntCounter,
+    disk_blocks: IntGauge,
+    disk_bytes: IntGauge,
+    disk_stored_blocks: IntCounter,
+    disk_loaded_blocks: IntCounter,
+    disk_failed_reads: IntCounter,
     pub ttft: Vec<Histogram>,
     pub itl: Vec<Histogram>,
     pub e2e: Vec<Histogram>,
@@ -177,6 +182,26 @@ impl Metrics {
                 "kvgate_worker_kv_offload_loaded_blocks_total",
                 "KV blocks loaded back from the offload tier instead of computed again",
             )?,
+            disk_blocks: int_gauge(
+                "kvgate_worker_kv_disk_blocks",
+                "KV blocks held in the disk tier",
+            )?,
+            disk_bytes: int_gauge(
+                "kvgate_worker_kv_disk_bytes",
+                "Bytes of block files the disk tier holds",
+            )?,
+            disk_stored_blocks: counter(
+                "kvgate_worker_kv_disk_stored_blocks_total",
+                "KV blocks the host tier evicted and the disk tier wrote",
+            )?,
+            disk_loaded_blocks: counter(
+                "kvgate_worker_kv_disk_loaded_blocks_total",
+                "KV blocks read back from the disk tier instead of computed again",
+            )?,
+            disk_failed_reads: counter(
+                "kvgate_worker_kv_disk_failed_reads_total",
+                "Block files that did not read back whole (dropped; their prefixes computed)",
+            )?,
             ttft: both_hist(
                 "kvgate_worker_time_to_first_token_seconds",
                 "vllm:time_to_first_token_seconds",
@@ -246,6 +271,26 @@ impl Metrics {
             was.loaded_blocks,
             is.loaded_blocks,
         );
+        if let Some(is) = &is.disk {
+            let was = was.disk.clone().unwrap_or_default();
+            self.disk_blocks.set(is.blocks as i64);
+            self.disk_bytes.set(is.bytes as i64);
+            for (counter, a, b) in [
+                (
+                    &self.disk_stored_blocks,
+                    was.stored_blocks,
+                    is.stored_blocks,
+                ),
+                (
+                    &self.disk_loaded_blocks,
+                    was.loaded_blocks,
+                    is.loaded_blocks,
+                ),
+                (&self.disk_failed_reads, was.failed_reads, is.failed_reads),
+            ] {
+                add(std::slice::from_ref(counter), a, b);
+            }
+        }
         let (was, is) = (&before.spec, &now.spec);
         if is.drafts == was.drafts {
             return;

@@ -59,6 +59,8 @@ pub struct WorkerConfig {
     pub speculation: Option<SpecConfig>,
     /// Bytes of host memory for blocks evicted from the KV cache (0: none kept).
     pub offload_bytes: usize,
+    /// A directory and its size in bytes for the disk tier below the host tier.
+    pub disk_tier: Option<(std::path::PathBuf, usize)>,
 }
 
 /// Serves until the process ends.
@@ -122,6 +124,7 @@ pub fn run(config: WorkerConfig) -> Result<(), String> {
     let (commands, rx) = tokio::sync::mpsc::channel(COMMAND_QUEUE);
     let speculation = config.speculation.clone();
     let offload_bytes = config.offload_bytes;
+    let disk_tier = config.disk_tier.clone();
     let engine_thread = engine_loop::spawn(
         move || {
             let mut engine = Engine::new(engine_config, backend).map_err(|e| {
@@ -133,6 +136,15 @@ pub fn run(config: WorkerConfig) -> Result<(), String> {
                     offload_bytes,
                     load_cost = cost,
                     "offload tier on: a block loaded back costs this share of computing it"
+                );
+            }
+            if let Some((dir, bytes)) = disk_tier {
+                let cost = engine.enable_disk_tier(&dir, bytes)?;
+                tracing::info!(
+                    dir = %dir.display(),
+                    bytes,
+                    load_cost = cost,
+                    "disk tier on: a block read back costs this share of computing it"
                 );
             }
             if let Some(spec) = speculation {

@@ -13,7 +13,7 @@ pub mod quant;
 pub mod team;
 pub mod weights;
 
-use super::{cannot_draft, Backend, BackendError, BatchOutput, BatchSlice, Sampled};
+use super::{cannot_draft, Backend, BackendError, BatchOutput, BatchSlice, BlockCosts, Sampled};
 use crate::kv::BlockId;
 use crate::model::ModelFile;
 use crate::request::SamplingParams;
@@ -164,7 +164,7 @@ impl Backend for CpuBackend {
 
     /// Timed: a block's tokens computed as a prompt in the first block, against that block
     /// exported and imported again; the best of a few runs each.
-    fn block_load_cost(&mut self) -> Option<f64> {
+    fn block_costs(&mut self) -> Option<BlockCosts> {
         const RUNS: usize = 3;
         if self.num_blocks == 0 {
             return None;
@@ -195,7 +195,10 @@ impl Backend for CpuBackend {
             self.import_block(1, &data).ok()?;
             load = load.min(started.elapsed());
         }
-        Some(load.as_secs_f64() / compute.as_secs_f64().max(1e-9))
+        Some(BlockCosts {
+            compute_s: compute.as_secs_f64(),
+            load_s: load.as_secs_f64(),
+        })
     }
 
     fn export_block(&self, id: BlockId) -> Option<Vec<u8>> {
