@@ -124,6 +124,19 @@ async fn an_evicted_prefix_is_served_from_the_disk_tier() {
         snapshot["disk_hashes"].as_array().unwrap().len() >= 7,
         "{snapshot}"
     );
+    let mut w = w;
+    w.proc.signal("TERM");
+    assert!(w.proc.exits().success());
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|f| f.ok())
+        .filter(|f| f.path().extension().is_some_and(|x| x == "kvblock"))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "a stopped worker leaves no block files: {left:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Through an agent and a token-mode gateway: explain names the blocks a replica holds only in

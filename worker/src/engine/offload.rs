@@ -42,6 +42,7 @@ impl<B: Backend> Engine<B> {
             return Err("a disk tier sits below the host tier: give --kv-offload-mib too".into());
         }
         let costs = self.block_costs()?;
+        // Any block gives the size of one.
         let block = self
             .backend
             .export_block(1)
@@ -49,7 +50,7 @@ impl<B: Backend> Engine<B> {
         let disk = DiskTier::open(dir, capacity_bytes)?;
         let read = disk.time_read(block.len())?;
         let cost = costs.load_cost_after(read.as_secs_f64());
-        self.kv.enable_disk_tier(disk, cost < 1.0);
+        self.kv.enable_disk_tier(disk, cost < 1.0)?;
         self.stats.offload.disk = Some(DiskTierStats {
             capacity_bytes: capacity_bytes as u64,
             load_cost: cost,

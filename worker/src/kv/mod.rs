@@ -83,15 +83,16 @@ impl KvManager {
         }
     }
 
-    /// Puts `disk` below the host tier (which must be on): the blocks it evicts go there, and
-    /// prefixes found there are read back while `pays` (cheaper than computing them).
-    pub fn enable_disk_tier(&self, disk: DiskTier, pays: bool) -> bool {
+    /// Puts `disk` below the host tier: the blocks it evicts go there, and prefixes found
+    /// there are read back while `pays` (cheaper than computing them). Refused without a host
+    /// tier (see [`KvManager::enable_offload`]).
+    pub fn enable_disk_tier(&self, disk: DiskTier, pays: bool) -> Result<(), String> {
         let Some(tier) = &self.tier else {
-            return false;
+            return Err("a disk tier sits below the host tier, which is off".into());
         };
         tier.borrow_mut().set_disk(disk);
         self.disk_loads_pay.set(pays);
-        true
+        Ok(())
     }
 
     /// `read` of the disk tier, if there is one.

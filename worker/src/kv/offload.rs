@@ -112,11 +112,6 @@ impl OffloadTier {
         self.blocks.put(hash, block);
     }
 
-    /// The block holding `hash`, now the most recently used.
-    pub fn get(&mut self, hash: u64) -> Option<&Offloaded> {
-        self.blocks.get(&hash)
-    }
-
     /// The contents of block `hash` from host memory, else (with `from_disk`) read back from
     /// the disk tier; and the tier it came from.
     pub fn fetch(&mut self, hash: u64, from_disk: bool) -> Option<(Arc<[u8]>, Tier)> {
@@ -181,7 +176,7 @@ mod tests {
         tier.put(2, block(Some(1), 100));
         tier.put(3, block(Some(2), 100));
         assert_eq!(tier.used_bytes(), 300);
-        assert!(tier.get(1).is_some()); // 2 is now the oldest
+        assert!(tier.fetch(1, false).is_some()); // 2 is now the oldest
         tier.put(4, block(Some(3), 100));
         assert!(!tier.contains(2) && tier.contains(1) && tier.contains(4));
         assert_eq!(tier.used_bytes(), 300);

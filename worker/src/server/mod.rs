@@ -30,6 +30,9 @@ const COMMAND_QUEUE: usize = 4096;
 const EVENT_LOG: usize = 65_536;
 /// How long requests in flight get to finish after SIGTERM.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(25);
+/// How long a stopping worker waits for its engine to finish the step it is in and be
+/// dropped (the disk tier removes its files then).
+const ENGINE_EXIT_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 #[derive(Debug, Clone)]
 pub enum BackendChoice {
@@ -181,8 +184,24 @@ pub fn run(config: WorkerConfig) -> Result<(), String> {
         .build()
         .map_err(|e| e.to_string())?;
     let result = runtime.block_on(serve(config.addr, ctx));
-    drop(engine_thread);
+    // Ending the runtime drops every task's hold on the engine's command queue: the engine
+    // thread then returns and drops the engine.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    join_within(engine_thread, ENGINE_EXIT_GRACE);
     result
+}
+
+/// Joins `thread` if it ends within `grace`; else leaves it to the process's exit.
+fn join_within(thread: std::thread::JoinHandle<()>, grace: std::time::Duration) {
+    let deadline = std::time::Instant::now() + grace;
+    while !thread.is_finished() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    if thread.is_finished() {
+        let _ = thread.join();
+    } else {
+        tracing::warn!(grace = ?grace, "the engine is still in a step: exiting without it");
+    }
 }
 
 async fn serve(addr: SocketAddr, ctx: Arc<http::Context>) -> Result<(), String> {
