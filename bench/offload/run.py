@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""The offload tier's worth on the CPU backend: time to first token of a prompt whose long
+"""The offload tiers' worth on the CPU backend: time to first token of a prompt whose long
 prefix (4k tokens by default) was computed before and then evicted from the KV cache by another
-prompt, served from the host tier against computed again (the same worker without a tier), with
-a device-cache hit beside them. The KV cache holds one such prompt, so the second prompt evicts
-the first's every block. Each round uses fresh prompts; the table gives each mode's median TTFT
-and recompute's over the tier's, per round.
+prompt, served from the host tier, or from the disk tier (under a host tier of 1 MiB, which
+keeps 2 of its blocks), against computed again (the same worker without a tier), with a
+device-cache hit beside them. The KV cache holds one such prompt, so the second prompt evicts
+the first's every block. Each round uses fresh prompts and rotates the modes' order; the table
+gives each mode's median TTFT and recompute's over each tier's, per round.
 
 Usage: bench/offload/run.py [--prefix-tokens 4096] [--rounds 3] [--threads 1]
 Needs `cargo build --release --bin kvgate` (done here). Every worker started here runs in a
@@ -52,15 +53,19 @@ def main():
                              str(args.threads), "--kv-cache-mib", str(kv_mib), "--num-blocks",
                              str(blocks), "--max-model-len", str(blocks * BLOCK),
                              "--served-model-name", "smollm2", *extra]
+    disk_dir = os.path.join(logs, "disk-tier")
     modes = [("recompute", worker()),
-             ("host tier", worker("--kv-offload-mib", str(2 * kv_mib)))]
+             ("host tier", worker("--kv-offload-mib", str(2 * kv_mib))),
+             ("disk tier", worker("--kv-offload-mib", "1", "--kv-offload-dir", disk_dir,
+                                  "--kv-offload-disk-mib", str(2 * kv_mib)))]
     rng = random.Random(7)
     rows = []
     for rnd in range(args.rounds):
         prefix = [rng.randrange(200, 40_000) for _ in range(args.prefix_tokens)]
         other = [rng.randrange(200, 40_000) for _ in range(prompt_len)]
         ask = lambda: prefix + [rng.randrange(200, 40_000) for _ in range(SUFFIX)]
-        for name, cmd in modes[rnd % 2:] + modes[:rnd % 2]:
+        turn = rnd % len(modes)
+        for name, cmd in modes[turn:] + modes[:turn]:
             port = free_port()
             server = Server(name.replace(" ", "-"), [*cmd, "--port", str(port)], port, logs)
             try:
@@ -90,15 +95,16 @@ def table(rows, prefix_tokens):
         cached = sorted({r["after_eviction_cached"] for r in rows if r["mode"] == mode})
         lines.append(f"| {mode} | {med(mode, 'cold_s') * 1e3:.1f} ms | {med(mode, 'device_hit_s') * 1e3:.1f} ms"
                      f" | {med(mode, 'after_eviction_s') * 1e3:.1f} ms | {'/'.join(map(str, cached))} |")
-    ratios = []
-    for rnd in sorted({r["round"] for r in rows}):
-        got = {r["mode"]: r["after_eviction_s"] for r in rows if r["round"] == rnd}
-        if "recompute" in got and "host tier" in got:
-            ratios.append(got["recompute"] / got["host tier"])
-    if ratios:
-        lines.append("")
-        lines.append(f"recompute / host tier after eviction: median {statistics.median(ratios):.1f}x "
-                     f"[{' '.join(f'{x:.1f}' for x in ratios)}]")
+    for tier in ("host tier", "disk tier"):
+        ratios = []
+        for rnd in sorted({r["round"] for r in rows}):
+            got = {r["mode"]: r["after_eviction_s"] for r in rows if r["round"] == rnd}
+            if "recompute" in got and tier in got:
+                ratios.append(got["recompute"] / got[tier])
+        if ratios:
+            lines.append("")
+            lines.append(f"recompute / {tier} after eviction: median {statistics.median(ratios):.1f}x "
+                         f"[{' '.join(f'{x:.1f}' for x in ratios)}]")
     return "\n".join(lines)
 
 
