@@ -183,6 +183,15 @@ fn disk_dir(name: &str) -> std::path::PathBuf {
     dir
 }
 
+/// The disk tier's block files in `dir`.
+fn block_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|f| Some(f.ok()?.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "kvblock"))
+        .collect()
+}
+
 /// A host tier of 4 blocks over a disk tier: the prefix's head stays in memory, its tail is
 /// written to disk.
 fn tiered_engine(model: &ModelFile, dir: &std::path::Path) -> Engine<CpuBackend> {
@@ -233,11 +242,7 @@ fn a_prefix_spread_over_host_and_disk_comes_back_whole_with_the_same_output() {
     assert_eq!(disk.failed_reads, 0);
     e.check_kv().unwrap();
     drop(e);
-    let left: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .filter_map(|f| f.ok())
-        .filter(|f| f.path().extension().is_some_and(|x| x == "kvblock"))
-        .collect();
+    let left = block_files(&dir);
     assert!(
         left.is_empty(),
         "a stopped engine leaves no block files: {left:?}"
@@ -253,13 +258,10 @@ fn a_corrupted_disk_block_is_computed_again_not_served() {
     let first = answer(&mut e, 1, &a);
     answer(&mut e, 2, &b);
     // Flip one byte of every block file's K/V (past the 20-byte header).
-    for file in std::fs::read_dir(&dir).unwrap().filter_map(|f| f.ok()) {
-        let path = file.path();
-        if path.extension().is_some_and(|x| x == "kvblock") {
-            let mut bytes = std::fs::read(&path).unwrap();
-            bytes[100] ^= 0x40;
-            std::fs::write(&path, bytes).unwrap();
-        }
+    for path in block_files(&dir) {
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[100] ^= 0x40;
+        std::fs::write(&path, bytes).unwrap();
     }
     let again = answer(&mut e, 3, &a);
     assert_eq!(
