@@ -480,7 +480,7 @@ impl Gateway {
         let decision = fleet
             .rank(&ask(model, features, class), now, usize::MAX)
             .map_err(|e| no_route(e, class))?;
-        // Token mode: which of the blocks each holds are on its device, which in its host tier.
+        // Token mode: which of the blocks each holds are on its device, which in a lower tier.
         let index = fleet.policy().precise_index();
         let held = |replica| {
             (!features.block_hashes.is_empty())
