@@ -380,12 +380,6 @@ fn run(command: Command) -> Result<(), String> {
         } => {
             // Checked here, so that a bad flag is one error rather than one per worker.
             spec.config()?;
-            if kv_offload_mib > 0 && matches!(backend, Backend::Sim) {
-                return Err(
-                    "--kv-offload-mib needs the cpu backend: the sim backend holds no K/V to offload"
-                        .into(),
-                );
-            }
             let mut worker_args = spec.to_args();
             if kv_offload_mib > 0 {
                 worker_args.extend(["--kv-offload-mib".into(), kv_offload_mib.to_string()]);

@@ -25,6 +25,10 @@ pub struct SimArgs {
     /// KV blocks per replica (default: what the profile's memory holds).
     #[arg(long)]
     num_blocks: Option<usize>,
+    /// Each replica's host offload tier, in MiB (0: none): evicted prefix blocks are kept
+    /// there and copied back over the profile's `hardware.host_link_gb_s`.
+    #[arg(long, default_value_t = 0)]
+    kv_offload_mib: usize,
     #[arg(long, default_value_t = 16)]
     block_size: usize,
     #[arg(long, default_value_t = 32_768)]
@@ -220,6 +224,12 @@ pub fn run(args: SimArgs) -> Result<(), String> {
             .sample_ms
             .unwrap_or(100 * args.replicas.div_ceil(64) as u64),
         speculation: args.spec.config()?,
+        offload_bytes: args.kv_offload_mib.checked_mul(1 << 20).ok_or_else(|| {
+            format!(
+                "--kv-offload-mib {} is more than this machine can name",
+                args.kv_offload_mib
+            )
+        })?,
     };
     config.check()?;
     let jobs = workload.jobs(args.load.requests, args.load.seed)?;

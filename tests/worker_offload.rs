@@ -191,29 +191,35 @@ async fn the_gateway_explains_host_tier_blocks_apart() {
 
 #[test]
 fn a_tier_the_worker_cannot_keep_is_refused_at_start() {
-    let port = free_port().to_string();
-    let mut cmd = kvgate();
-    cmd.args([
-        "up",
-        "--backend",
-        "sim",
-        "--kv-offload-mib",
-        "64",
-        "--port",
-        &port,
-    ]);
-    let mut up = spawn(cmd, &format!("offload-up-{port}"));
-    assert!(
-        !up.exits().success(),
-        "kvgate up started a sim fleet with a tier"
-    );
-    let stderr = std::fs::read_to_string(&up.log).unwrap();
-    assert!(stderr.contains("needs the cpu backend"), "{stderr}");
+    // A profile that names no device-host link: the sim backend has no price for a copy.
+    let profile = std::env::temp_dir().join(format!("kvgate-no-link-{}.yaml", free_port()));
+    let h200 = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("config/profiles/h200-llama-3.1-8b-bf16.yaml"),
+    )
+    .unwrap();
+    let no_link: String = h200
+        .lines()
+        .filter(|l| !l.contains("host_link_gb_s"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&profile, no_link).unwrap();
+    let profile = profile.to_str().unwrap();
     let cases = [
         (
             "sim",
-            vec!["--kv-offload-mib", "64"],
-            "holds no K/V to offload",
+            vec!["--kv-offload-mib", "64", "--profile", profile],
+            "hardware.host_link_gb_s",
+        ),
+        (
+            "sim",
+            vec![
+                "--kv-offload-mib",
+                "64",
+                "--kv-offload-dir",
+                "/tmp/kvgate-sim-disk",
+            ],
+            "without bytes to write",
         ),
         (
             "cpu",

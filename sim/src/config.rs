@@ -51,6 +51,9 @@ pub struct SimConfig {
     pub sample_interval_ms: u64,
     /// Speculative decoding in every engine (`Method::Modelled` for a workload's acceptance).
     pub speculation: Option<SpecConfig>,
+    /// Each engine's host offload tier in bytes (0: none), its copies priced by the
+    /// profile's device-host link.
+    pub offload_bytes: usize,
 }
 
 impl SimConfig {
@@ -80,6 +83,9 @@ impl SimConfig {
         let mut engine = Engine::new(engine_config, backend).map_err(|e| e.to_string())?;
         if let Some(spec) = &self.speculation {
             engine.enable_speculation(spec.clone())?;
+        }
+        if self.offload_bytes > 0 {
+            engine.enable_offload(self.offload_bytes)?;
         }
         Ok(engine)
     }

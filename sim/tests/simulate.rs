@@ -31,6 +31,7 @@ fn config(replicas: usize, gateways: usize) -> SimConfig {
         sample_interval_ms: 100,
         exchange_delay_ms: None,
         speculation: None,
+        offload_bytes: 0,
     }
 }
 
@@ -540,5 +541,47 @@ fn gateways_that_exchange_backlogs_spread_one_system_prompt_as_one_gateway_does(
     assert!(
         told < 1.15 * one,
         "P90 {told} s through 8 gateways, {one} s through one"
+    );
+}
+
+#[test]
+fn a_host_tier_brings_evicted_prefixes_back_cheaper_than_prefill() {
+    // 8 groups of a 2k-token system prompt (128 blocks each) on a replica of 600 blocks:
+    // groups taking turns evict each other's prefixes.
+    let jobs = Workload::SharedPrefix {
+        groups: 8,
+        prompts_per_group: 8,
+        system_len: 2_048,
+        question_len: 32,
+        output_len: 8,
+    }
+    .jobs(64, 3)
+    .unwrap();
+    let run = |offload_bytes| {
+        let fleet = SimConfig {
+            num_blocks: Some(600),
+            offload_bytes,
+            ..config(1, 1)
+        };
+        simulate(&fleet, &jobs, Load::Rate(2.0), &Router::RoundRobin).unwrap()
+    };
+    let (plain, tiered) = (run(0), run(8 << 30));
+    let cached = |o: &Outcome| -> u64 { o.records.iter().map(|r| r.cached_tokens.unwrap()).sum() };
+    let ttft = |o: &Outcome| -> f64 {
+        let mut t: Vec<f64> = o.records.iter().map(|r| r.ttft_s.unwrap()).collect();
+        t.sort_by(f64::total_cmp);
+        t[t.len() / 2]
+    };
+    assert!(
+        cached(&tiered) > cached(&plain) * 3 / 2,
+        "cached tokens: {} with the tier, {} without",
+        cached(&tiered),
+        cached(&plain)
+    );
+    assert!(
+        ttft(&tiered) < ttft(&plain),
+        "P50 TTFT {} s with the tier, {} s without",
+        ttft(&tiered),
+        ttft(&plain)
     );
 }

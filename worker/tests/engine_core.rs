@@ -410,3 +410,72 @@ fn a_fork_steps_on_its_own_and_as_the_original_would() {
     assert_eq!(drain(&mut e), from_fork);
     assert!(!from_fork.is_empty());
 }
+
+/// The sim backend with a device-host link: a prefix evicted to the host tier comes back as
+/// cached tokens, the reload priced by its bytes over the link (far less than the prefill it
+/// saves, but not free), and no block leaks.
+#[test]
+fn the_sim_backend_offloads_and_prices_reloads_by_the_link() {
+    let mut p = profile();
+    p.hardware.host_link_gb_s = Some(1.0);
+    let config = EngineConfig {
+        block_size: 16,
+        num_blocks: Some(140),
+        max_model_len: 140 * 16,
+        prefix_caching: true,
+        scheduler: SchedulerConfig {
+            max_num_batched_tokens: 4096,
+            max_num_seqs: 4,
+            ..Default::default()
+        },
+        hash_seed: HashSeed::new("test", None, ""),
+        eos_token_ids: vec![],
+    };
+    let mut e = Engine::new(config, SimBackend::new(p.clone(), 17, 49152)).unwrap();
+    let cost = e.enable_offload(64 << 20).unwrap();
+    assert!(
+        cost > 0.0 && cost < 1.0,
+        "a reload costs {cost} of a prefill"
+    );
+    let prompt =
+        |seed: u32| -> Vec<u32> { (0..2048).map(|i| 17 + (i * 7 + seed) % 40_000).collect() };
+    let first_step = |e: &mut Engine<SimBackend>, id: u64, prompt: Vec<u32>| {
+        e.add_request(request(id, prompt, 2)).unwrap();
+        let out = e.step().unwrap();
+        let cached = out
+            .tokens
+            .iter()
+            .find(|t| t.id == id)
+            .map(|t| t.num_cached_tokens);
+        run_to_completion(e);
+        (out.modelled_duration.unwrap().as_secs_f64(), cached)
+    };
+    let (cold, _) = first_step(&mut e, 1, prompt(1));
+    first_step(&mut e, 2, prompt(2)); // evicts the first prompt's blocks
+    let (reloaded, cached) = first_step(&mut e, 3, prompt(1));
+    assert_eq!(
+        cached,
+        Some(2032),
+        "127 full blocks, from the pool or the host tier"
+    );
+    let stats = e.stats();
+    let loaded = stats.offload.loaded_blocks;
+    assert!(loaded >= 100, "most came from the host tier: {loaded}");
+    let copy = loaded as f64 * 16.0 * p.model.kv_bytes_per_token / 1e9;
+    assert!(
+        reloaded > copy && reloaded < cold,
+        "reload step {reloaded} s: the copies ({copy} s) and less than the prefill ({cold} s)"
+    );
+    assert_eq!(stats.kv_blocks_free, 140);
+    let err = e
+        .enable_disk_tier(&std::env::temp_dir().join("kvgate-sim-disk"), 1 << 20)
+        .unwrap_err();
+    assert!(err.contains("without bytes to write"), "{err}");
+}
+
+#[test]
+fn the_sim_backend_without_a_link_refuses_a_tier() {
+    let mut e = engine(64, 512, 1024);
+    let err = e.enable_offload(1 << 20).unwrap_err();
+    assert!(err.contains("host_link_gb_s"), "{err}");
+}

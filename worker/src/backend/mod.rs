@@ -78,16 +78,17 @@ pub trait Backend {
         Err(cannot_draft(method))
     }
 
-    /// What computing a block's tokens and loading its K/V back from host memory each cost,
-    /// measured before the first request; `None` from a backend that holds no K/V to move
-    /// (then nothing is offloaded).
-    fn block_costs(&mut self) -> Option<BlockCosts> {
+    /// What computing a block of `block_size` tokens and loading its K/V back from host
+    /// memory each cost, measured (or modelled) before the first request, and its size;
+    /// `None` from a backend that holds no K/V to move (then nothing is offloaded).
+    fn block_costs(&mut self, _block_size: usize) -> Option<BlockCosts> {
         None
     }
 
     /// Block `id`'s K/V as bytes, to keep outside the pool (the offload tier, a transfer);
-    /// `None` from a backend that holds no K/V to move.
-    fn export_block(&self, _id: BlockId) -> Option<Vec<u8>> {
+    /// `None` from a backend that holds no K/V to move. A backend that only models K/V gives
+    /// no bytes (the tier counts [`BlockCosts::bytes`]) and prices the copy.
+    fn export_block(&mut self, _id: BlockId) -> Option<Vec<u8>> {
         None
     }
 
@@ -133,11 +134,11 @@ impl Backend for Box<dyn Backend + Send> {
         (**self).drafter(method)
     }
 
-    fn block_costs(&mut self) -> Option<BlockCosts> {
-        (**self).block_costs()
+    fn block_costs(&mut self, block_size: usize) -> Option<BlockCosts> {
+        (**self).block_costs(block_size)
     }
 
-    fn export_block(&self, id: BlockId) -> Option<Vec<u8>> {
+    fn export_block(&mut self, id: BlockId) -> Option<Vec<u8>> {
         (**self).export_block(id)
     }
 
@@ -147,11 +148,12 @@ impl Backend for Box<dyn Backend + Send> {
 }
 
 /// One block's costs, in seconds: computing its tokens, and importing its K/V exported
-/// before.
+/// before; and its K/V's size in bytes.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BlockCosts {
     pub compute_s: f64,
     pub load_s: f64,
+    pub bytes: usize,
 }
 
 impl BlockCosts {

@@ -26,6 +26,10 @@ pub struct Hardware {
     /// Dense peak for the model's data type.
     pub peak_tflops: f64,
     pub memory_gib: f64,
+    /// Device-host link bandwidth (PCIe, NVLink-C2C), GB/s one way: what an offload tier's
+    /// copies cost. Absent: the profile models no offload tier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_link_gb_s: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -72,7 +76,11 @@ impl Profile {
             ("model.weight_bytes", self.model.weight_bytes),
             ("model.kv_bytes_per_token", self.model.kv_bytes_per_token),
         ];
-        for (name, v) in positive {
+        let link = self
+            .hardware
+            .host_link_gb_s
+            .map(|v| ("hardware.host_link_gb_s", v));
+        for (name, v) in positive.into_iter().chain(link) {
             if !(v.is_finite() && v > 0.0) {
                 return Err(format!("{name} must be a positive number, got {v}"));
             }
@@ -125,6 +133,12 @@ impl Profile {
         }
         let (bandwidth, compute) = self.rates();
         (bytes / bandwidth).max(flops / compute) + self.step_overhead_us * 1e-6
+    }
+
+    /// Seconds to copy `bytes` over the device-host link (`None` without one).
+    pub fn host_copy_seconds(&self, bytes: usize) -> Option<f64> {
+        let link = self.hardware.host_link_gb_s?;
+        Some(bytes as f64 / (link * 1e9))
     }
 
     /// The roofline's decode rate at batch 1 with `context` tokens: tokens per second.

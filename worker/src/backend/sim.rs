@@ -3,10 +3,13 @@
 //! It never samples an end-of-sequence token: `max_tokens` ends generation. Its distribution is
 //! a point mass on that token, so asked for logprobs it reports 0 for it and nothing else, and
 //! a speculative draft is verified against it exactly (kept while it names the same tokens),
-//! the step priced as one of all its tokens.
+//! the step priced as one of all its tokens. With a profile that names its device-host link,
+//! blocks can be offloaded: no bytes move, each copy out or back is priced by the block's
+//! size over the link and added to the next step (no overlap with compute: conservative).
 
 use super::profile::Profile;
-use super::{cannot_draft, Backend, BackendError, BatchOutput, BatchSlice, Sampled};
+use super::{cannot_draft, Backend, BackendError, BatchOutput, BatchSlice, BlockCosts, Sampled};
+use crate::kv::BlockId;
 use crate::sample::TokenLogprobs;
 use crate::spec::{Drafter, Method, StepCosts};
 use std::time::Duration;
@@ -18,6 +21,10 @@ pub struct SimBackend {
     /// Tokens are drawn from `first_token..vocab_size` (skipping control tokens).
     first_token: u32,
     vocab_size: u32,
+    /// A block's K/V in bytes, once an offload tier asked ([`Backend::block_costs`]).
+    block_bytes: usize,
+    /// Seconds of block copies since the last step, which the next step pays.
+    copies_s: f64,
 }
 
 /// Tokens of context that seed the next token (bounded, so a step stays cheap).
@@ -29,6 +36,8 @@ impl SimBackend {
             profile,
             first_token,
             vocab_size: vocab_size.max(first_token + 1),
+            block_bytes: 0,
+            copies_s: 0.0,
         }
     }
 
@@ -53,7 +62,8 @@ impl Backend for SimBackend {
     fn execute(&mut self, batch: &[BatchSlice<'_>]) -> Result<BatchOutput, BackendError> {
         let seconds = self
             .profile
-            .step_seconds(batch.iter().map(|s| (s.start, s.len)));
+            .step_seconds(batch.iter().map(|s| (s.start, s.len)))
+            + std::mem::take(&mut self.copies_s);
         let mut sampled = Vec::new();
         for s in batch.iter().filter(|s| s.samples) {
             let end = s.start + s.len;
@@ -97,6 +107,35 @@ impl Backend for SimBackend {
             .map(|n| (n, self.profile.step_seconds(std::iter::once((CONTEXT, n)))))
             .collect();
         StepCosts::from_points(points).unwrap_or_else(|_| StepCosts::linear())
+    }
+
+    /// A block's share of a long prefill's step, against copying it over the link.
+    fn block_costs(&mut self, block_size: usize) -> Option<BlockCosts> {
+        const CHUNK_BLOCKS: usize = 128;
+        let bytes = (block_size as f64 * self.profile.model.kv_bytes_per_token).ceil() as usize;
+        let load_s = self.profile.host_copy_seconds(bytes)?;
+        let chunk = block_size.max(1) * CHUNK_BLOCKS;
+        let compute_s =
+            self.profile.step_seconds(std::iter::once((0, chunk))) / CHUNK_BLOCKS as f64;
+        self.block_bytes = bytes;
+        Some(BlockCosts {
+            compute_s,
+            load_s,
+            bytes,
+        })
+    }
+
+    fn export_block(&mut self, _id: BlockId) -> Option<Vec<u8>> {
+        self.copies_s += self.profile.host_copy_seconds(self.block_bytes)?;
+        Some(Vec::new())
+    }
+
+    fn import_block(&mut self, _id: BlockId, _data: &[u8]) -> Result<(), BackendError> {
+        self.copies_s += self
+            .profile
+            .host_copy_seconds(self.block_bytes)
+            .unwrap_or_default();
+        Ok(())
     }
 
     fn drafter(&mut self, method: &Method) -> Result<Box<dyn Drafter>, String> {

@@ -26,8 +26,8 @@ impl<B: Backend> Engine<B> {
         if let Some(costs) = self.block_costs {
             return Ok(costs);
         }
-        let costs = self.backend.block_costs().ok_or(
-            "this backend holds no K/V to offload (the cpu backend does; the sim backend does not)",
+        let costs = self.backend.block_costs(self.config.block_size).ok_or(
+            "this backend cannot offload K/V (the cpu backend can; the sim backend with a profile that names hardware.host_link_gb_s)",
         )?;
         self.block_costs = Some(costs);
         Ok(costs)
@@ -42,13 +42,12 @@ impl<B: Backend> Engine<B> {
             return Err("a disk tier sits below the host tier: give --kv-offload-mib too".into());
         }
         let costs = self.block_costs()?;
-        // Any block gives the size of one.
-        let block = self
-            .backend
-            .export_block(1)
-            .ok_or("this backend holds no K/V to offload")?;
+        // Any block's export shows whether there are bytes to write.
+        if self.backend.export_block(1).is_none_or(|b| b.is_empty()) {
+            return Err("this backend models K/V without bytes to write to disk (the sim backend; the cpu backend has them)".into());
+        }
         let disk = DiskTier::open(dir, capacity_bytes)?;
-        let read = disk.time_read(block.len())?;
+        let read = disk.time_read(costs.bytes)?;
         let cost = costs.load_cost_after(read.as_secs_f64());
         self.kv.enable_disk_tier(disk, cost < 1.0)?;
         self.stats.offload.disk = Some(DiskTierStats {
@@ -88,7 +87,8 @@ impl<B: Backend> Engine<B> {
     pub(super) fn offload_evicted(&mut self) {
         for evicted in self.kv.take_evicted() {
             if let Some(data) = self.backend.export_block(evicted.id) {
-                self.kv.offload(evicted, data);
+                let bytes = self.block_costs.map_or(data.len(), |c| c.bytes);
+                self.kv.offload(evicted, data, bytes);
                 self.stats.offload.offloaded_blocks += 1;
             }
         }

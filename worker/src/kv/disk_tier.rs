@@ -146,6 +146,7 @@ impl DiskTier {
         match read_block(&self.path(hash)) {
             Ok(data) => Some(Offloaded {
                 parent,
+                bytes: data.len(),
                 data: data.into(),
             }),
             Err(e) => {
@@ -254,6 +255,7 @@ mod tests {
         Offloaded {
             parent,
             data: vec![fill; size].into(),
+            bytes: size,
         }
     }
 

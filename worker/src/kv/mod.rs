@@ -125,12 +125,14 @@ impl KvManager {
         self.pool.borrow_mut().take_evicted()
     }
 
-    /// Keeps an evicted block's contents in the tier.
-    pub fn offload(&self, evicted: Evicted, data: Vec<u8>) {
+    /// Keeps an evicted block's contents (`bytes` of K/V, modelled where `data` is empty) in
+    /// the tier.
+    pub fn offload(&self, evicted: Evicted, data: Vec<u8>, bytes: usize) {
         if let Some(tier) = &self.tier {
             let block = Offloaded {
                 parent: evicted.parent,
                 data: data.into(),
+                bytes,
             };
             tier.borrow_mut().put(evicted.hash, block);
         }

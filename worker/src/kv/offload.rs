@@ -13,8 +13,11 @@ use std::sync::Arc;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Offloaded {
     pub parent: Option<u64>,
-    /// Shared with the loads that copy it back (the tier may drop it meanwhile).
+    /// Shared with the loads that copy it back (the tier may drop it meanwhile); empty from a
+    /// backend that only models K/V.
     pub data: Arc<[u8]>,
+    /// What it takes of the tier: its K/V's size, modelled or real.
+    pub bytes: usize,
 }
 
 #[derive(Debug)]
@@ -83,7 +86,7 @@ impl OffloadTier {
     /// Keeps a block, evicting the least recently used ones to make room. A block larger than
     /// the whole tier is not kept; one already held is only refreshed.
     pub fn put(&mut self, hash: u64, block: Offloaded) {
-        let size = block.data.len();
+        let size = block.bytes;
         if size > self.capacity_bytes {
             return;
         }
@@ -94,7 +97,7 @@ impl OffloadTier {
             let Some((old, evicted)) = self.blocks.pop_lru() else {
                 break;
             };
-            self.used_bytes -= evicted.data.len();
+            self.used_bytes -= evicted.bytes;
             self.events.push(KvEvent::Removed {
                 hashes: vec![old],
                 tier: Tier::Host,
@@ -166,6 +169,7 @@ mod tests {
         Offloaded {
             parent,
             data: vec![size as u8; size].into(),
+            bytes: size,
         }
     }
 

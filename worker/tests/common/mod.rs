@@ -32,6 +32,7 @@ pub fn sim_profile() -> Profile {
             memory_bandwidth_gb_s: 1000.0,
             peak_tflops: 100.0,
             memory_gib: 1.0,
+            host_link_gb_s: None,
         },
         model: ModelCost {
             name: "m".into(),

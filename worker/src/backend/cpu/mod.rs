@@ -164,7 +164,7 @@ impl Backend for CpuBackend {
 
     /// Timed: a block's tokens computed as a prompt in the first block, against that block
     /// exported and imported again; the best of a few runs each.
-    fn block_costs(&mut self) -> Option<BlockCosts> {
+    fn block_costs(&mut self, _block_size: usize) -> Option<BlockCosts> {
         const RUNS: usize = 3;
         if self.num_blocks == 0 {
             return None;
@@ -185,23 +185,25 @@ impl Backend for CpuBackend {
             params: &params,
             num_output_tokens: 0,
         };
-        let (mut compute, mut load) = (Duration::MAX, Duration::MAX);
+        let (mut compute, mut load, mut bytes) = (Duration::MAX, Duration::MAX, 0);
         for _ in 0..RUNS {
             let started = Instant::now();
             self.forward.run(&[prompt]);
             compute = compute.min(started.elapsed());
             let started = Instant::now();
             let data = self.export_block(1)?;
+            bytes = data.len();
             self.import_block(1, &data).ok()?;
             load = load.min(started.elapsed());
         }
         Some(BlockCosts {
             compute_s: compute.as_secs_f64(),
             load_s: load.as_secs_f64(),
+            bytes,
         })
     }
 
-    fn export_block(&self, id: BlockId) -> Option<Vec<u8>> {
+    fn export_block(&mut self, id: BlockId) -> Option<Vec<u8>> {
         self.forward.kv.export(id as usize)
     }
 
