@@ -106,7 +106,7 @@ enum Command {
         model: PathBuf,
         #[arg(long, default_value = "smollm2")]
         served_model_name: String,
-        /// CPU backend: each worker's offload tier, in MiB (as `kvgate worker`'s).
+        /// Each worker's offload tier, in MiB (as `kvgate worker`'s).
         #[arg(long, default_value_t = 0)]
         kv_offload_mib: usize,
         #[command(flatten)]
@@ -125,7 +125,8 @@ enum Command {
         #[arg(long, default_value_t = 512)]
         kv_cache_mib: usize,
         /// Host memory, in MiB, for prefix blocks evicted from the KV cache: a prefix found
-        /// there is loaded back instead of computed again (cpu backend; 0: none kept).
+        /// there is loaded back instead of computed again (0: none kept; the sim backend
+        /// prices the copies by its profile's hardware.host_link_gb_s).
         #[arg(long, default_value_t = 0)]
         kv_offload_mib: usize,
         /// A directory for a disk tier below the host tier: blocks the host tier evicts are
