@@ -1,8 +1,17 @@
 """Servers a benchmark starts: each in a session of its own, stopped by its PID, also when the
 script is interrupted or fails."""
-import json, os, signal, socket, subprocess, time, urllib.request
+import json, os, signal, socket, subprocess, sys, tempfile, time, urllib.request
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+
+
+def prepare(name, out):
+    """Before a run: SIGTERM ends it as an exception would (its servers are stopped), the
+    release binary is built, `out` exists. Returns a fresh folder for the servers' logs."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    subprocess.run(["cargo", "build", "--release", "--bin", "kvgate"], cwd=ROOT, check=True)
+    os.makedirs(out, exist_ok=True)
+    return tempfile.mkdtemp(prefix=f"kvgate-{name}-")
 
 
 def free_port():

@@ -11,10 +11,10 @@ Usage: bench/offload/run.py [--prefix-tokens 4096] [--rounds 3] [--threads 1]
 Needs `cargo build --release --bin kvgate` (done here). Every worker started here runs in a
 session of its own and is stopped by its PID, also when the script is interrupted or fails.
 """
-import argparse, json, os, random, signal, statistics, subprocess, sys, tempfile, time
+import argparse, json, os, random, statistics, sys, time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from servers import ROOT, Server, free_port, stream  # noqa: E402
+from servers import ROOT, Server, free_port, prepare, stream  # noqa: E402
 
 BLOCK = 16
 SUFFIX = 8
@@ -41,10 +41,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "offload", "results"))
     args = ap.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    subprocess.run(["cargo", "build", "--release", "--bin", "kvgate"], cwd=ROOT, check=True)
-    logs = tempfile.mkdtemp(prefix="kvgate-offload-")
-    os.makedirs(args.out, exist_ok=True)
+    logs = prepare("offload", args.out)
     prompt_len = args.prefix_tokens + SUFFIX
     blocks = -(-(prompt_len + MAX_TOKENS) // BLOCK)
     # Exactly one prompt's blocks: the second prompt evicts the first's.

@@ -22,11 +22,11 @@ Needs `cargo build --release --bin kvgate` (done here) and `bench/peers/install-
 Every server started here runs in a session of its own and is stopped by its PID, also when
 the script is interrupted or fails.
 """
-import argparse, json, os, re, signal, statistics, subprocess, sys, tempfile, time, urllib.request
+import argparse, json, os, re, statistics, sys, time, urllib.request
 import concurrent.futures as cf
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from servers import Server, free_port, post, stream  # noqa: E402
+from servers import Server, free_port, post, prepare, stream  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -163,10 +163,7 @@ def main():
                     help="comma-separated WORKLOAD:STREAMS cells to measure")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "spec", "results"))
     args = ap.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    subprocess.run(["cargo", "build", "--release", "--bin", "kvgate"], cwd=ROOT, check=True)
-    logs = tempfile.mkdtemp(prefix="kvgate-spec-")
-    os.makedirs(args.out, exist_ok=True)
+    logs = prepare("spec", args.out)
     rows, reference, rendered = [], {}, {}
     chosen = configs(args.threads)
     if args.only:
