@@ -154,6 +154,9 @@ pub struct BlockCosts {
     pub compute_s: f64,
     pub load_s: f64,
     pub bytes: usize,
+    /// Whether an export carries the K/V's bytes (false: the copy is only modelled, and
+    /// there is nothing to write to disk).
+    pub exports_bytes: bool,
 }
 
 impl BlockCosts {

@@ -122,6 +122,7 @@ impl Backend for SimBackend {
             compute_s,
             load_s,
             bytes,
+            exports_bytes: false,
         })
     }
 

@@ -42,8 +42,7 @@ impl<B: Backend> Engine<B> {
             return Err("a disk tier sits below the host tier: give --kv-offload-mib too".into());
         }
         let costs = self.block_costs()?;
-        // Any block's export shows whether there are bytes to write.
-        if self.backend.export_block(1).is_none_or(|b| b.is_empty()) {
+        if !costs.exports_bytes {
             return Err("this backend models K/V without bytes to write to disk (the sim backend; the cpu backend has them)".into());
         }
         let disk = DiskTier::open(dir, capacity_bytes)?;

@@ -200,6 +200,7 @@ impl Backend for CpuBackend {
             compute_s: compute.as_secs_f64(),
             load_s: load.as_secs_f64(),
             bytes,
+            exports_bytes: true,
         })
     }
 
