@@ -17,6 +17,7 @@ mod ring;
 mod select;
 mod sessions;
 mod signal;
+mod tiers;
 mod traffic;
 
 pub use config::{PolicyConfig, Weights};
@@ -25,9 +26,10 @@ pub use fleet_state::{
     Ask, Ejection, FailureOutcome, FleetState, NoRoute, ReportOutcome, RequestId,
 };
 pub use peer_backlog::{LAPSE_MS as PEER_BACKLOG_LAPSE_MS, MAX_PEERS};
-pub use precise_index::{Applied, HeldByTier, PreciseIndex, TierValues};
+pub use precise_index::{Applied, PreciseIndex};
 pub use prefix_index::ApproxPrefixIndex;
 pub use replica_state::{AgentState, Freshness, ReplicaSpec, ReplicaState, ReportAges};
 pub use ring::HashRing;
 pub use select::{Candidate, Decision, Policy};
 pub use signal::{BySignal, Signal};
+pub use tiers::{HeldByTier, TierValues};

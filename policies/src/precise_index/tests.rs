@@ -1,0 +1,274 @@
+use super::*;
+use kvgate_protocol::kv_events::{Tier, KV_EVENTS_VERSION};
+
+const A: ReplicaId = ReplicaId(0);
+const B: ReplicaId = ReplicaId(1);
+
+fn stored(seq: u64, hashes: &[u64], tier: Tier) -> KvEventBatch {
+    KvEventBatch {
+        version: KV_EVENTS_VERSION,
+        seq,
+        events: vec![KvEvent::Stored {
+            hashes: hashes.to_vec(),
+            parent: None,
+            tier,
+        }],
+    }
+}
+
+fn snapshot(seq: u64, hashes: &[u64]) -> KvUpdate {
+    KvUpdate {
+        snapshot: Some(KvSnapshot {
+            version: KV_EVENTS_VERSION,
+            seq,
+            block_size: 16,
+            hashes: hashes.to_vec(),
+            host_hashes: vec![],
+            disk_hashes: vec![],
+        }),
+        batches: vec![],
+    }
+}
+
+fn batches(b: Vec<KvEventBatch>) -> KvUpdate {
+    KvUpdate {
+        snapshot: None,
+        batches: b,
+    }
+}
+
+fn overlaps(idx: &PreciseIndex, hashes: &[u64], now: u64) -> Vec<f64> {
+    let mut m = vec![0.0; 2];
+    idx.overlaps(hashes, now, &mut m);
+    m
+}
+
+#[test]
+fn events_apply_in_sequence_and_a_gap_asks_for_a_snapshot() {
+    let mut idx = PreciseIndex::default();
+    let first = idx.apply(A, &batches(vec![stored(1, &[1], Tier::Device)]));
+    assert!(first.needs_snapshot, "no snapshot yet");
+    assert_eq!(first.batches, 0);
+    assert!(!idx.apply(A, &snapshot(3, &[1, 2])).needs_snapshot);
+    let ok = idx.apply(
+        A,
+        &batches(vec![
+            stored(3, &[9], Tier::Device),
+            stored(4, &[3], Tier::Device),
+        ]),
+    );
+    assert_eq!(
+        ok,
+        Applied {
+            batches: 1,
+            needs_snapshot: false
+        },
+        "3 was in the snapshot"
+    );
+    assert_eq!(overlaps(&idx, &[1, 2, 3, 4], 0), vec![3.0, 0.0]);
+    let gap = idx.apply(A, &batches(vec![stored(6, &[4], Tier::Device)]));
+    assert!(gap.needs_snapshot);
+    assert_eq!(
+        overlaps(&idx, &[1, 2, 3, 4], 0),
+        vec![3.0, 0.0],
+        "nothing applied past a gap"
+    );
+    idx.apply(A, &snapshot(6, &[7]));
+    assert_eq!(
+        overlaps(&idx, &[1, 2, 3], 0),
+        vec![0.0, 0.0],
+        "the snapshot replaced it all"
+    );
+    assert_eq!(idx.len(), 1);
+}
+
+#[test]
+fn a_host_block_is_worth_what_its_engine_measured() {
+    let mut idx = PreciseIndex::default();
+    for r in [A, B] {
+        idx.apply(r, &snapshot(0, &[1]));
+        idx.apply(r, &batches(vec![stored(1, &[2, 3], Tier::Host)]));
+    }
+    assert_eq!(
+        overlaps(&idx, &[1, 2, 3], 0),
+        vec![2.0, 2.0],
+        "the default, half"
+    );
+    let host = |v| TierValues {
+        host: v,
+        disk: None,
+    };
+    idx.set_tier_values(A, host(Some(0.97)));
+    idx.set_tier_values(B, host(Some(f64::NAN)));
+    let got = overlaps(&idx, &[1, 2, 3], 0);
+    assert!((got[0] - 2.94).abs() < 1e-9 && got[1] == 2.0, "{got:?}");
+    idx.set_tier_values(B, host(Some(7.0)));
+    idx.set_tier_values(A, host(None));
+    assert_eq!(
+        overlaps(&idx, &[1, 2, 3], 0),
+        vec![2.0, 3.0],
+        "clamped to a device block's worth; None is the default again"
+    );
+}
+
+#[test]
+fn a_disk_block_is_worth_what_its_engine_measured_below_the_host_tier() {
+    let mut idx = PreciseIndex::default();
+    for r in [A, B] {
+        idx.apply(r, &snapshot(0, &[1]));
+        idx.apply(
+            r,
+            &batches(vec![
+                stored(1, &[2], Tier::Host),
+                stored(2, &[3, 4], Tier::Disk),
+            ]),
+        );
+    }
+    assert_eq!(
+        overlaps(&idx, &[1, 2, 3, 4], 0),
+        vec![2.0, 2.0],
+        "the defaults: a half and two quarters"
+    );
+    idx.set_tier_values(
+        A,
+        TierValues {
+            host: Some(0.9),
+            disk: Some(0.6),
+        },
+    );
+    let got = overlaps(&idx, &[1, 2, 3, 4], 0);
+    assert!((got[0] - 3.1).abs() < 1e-9 && got[1] == 2.0, "{got:?}");
+    assert_eq!(
+        idx.held_by_tier(&[1, 2, 3, 4, 5], A),
+        HeldByTier {
+            device: 1,
+            host: 1,
+            disk: 2
+        }
+    );
+}
+
+#[test]
+fn tiers_and_removals() {
+    let mut idx = PreciseIndex::default();
+    idx.apply(A, &snapshot(0, &[1, 2]));
+    idx.apply(B, &snapshot(0, &[1]));
+    idx.apply(
+        B,
+        &batches(vec![
+            stored(1, &[2], Tier::Device),
+            stored(2, &[3], Tier::Host),
+        ]),
+    );
+    assert_eq!(
+        overlaps(&idx, &[1, 2, 3], 0),
+        vec![2.0, 2.5],
+        "a host block is worth half"
+    );
+    assert_eq!(
+        idx.held_by_tier(&[1, 2, 3, 4], B),
+        HeldByTier {
+            device: 2,
+            host: 1,
+            disk: 0
+        }
+    );
+    assert_eq!(
+        idx.held_by_tier(&[1, 2, 3], A),
+        HeldByTier {
+            device: 2,
+            host: 0,
+            disk: 0
+        }
+    );
+    let remove = KvEventBatch {
+        version: KV_EVENTS_VERSION,
+        seq: 3,
+        events: vec![KvEvent::Removed {
+            hashes: vec![2],
+            tier: Tier::Device,
+        }],
+    };
+    idx.apply(B, &batches(vec![remove]));
+    assert_eq!(
+        overlaps(&idx, &[1, 2, 3], 0),
+        vec![2.0, 1.0],
+        "the run ends at a removed block"
+    );
+    let cleared = KvEventBatch {
+        version: KV_EVENTS_VERSION,
+        seq: 1,
+        events: vec![KvEvent::AllCleared],
+    };
+    assert!(!idx.apply(A, &batches(vec![cleared])).needs_snapshot);
+    assert_eq!(overlaps(&idx, &[1], 0), vec![0.0, 1.0]);
+    idx.clear_replica(B);
+    assert!(idx.is_empty());
+    assert!(
+        idx.apply(B, &batches(vec![])).needs_snapshot,
+        "a cleared replica resynchronises"
+    );
+}
+
+#[test]
+fn guesses_count_in_strides_until_they_expire() {
+    let mut idx = PreciseIndex::default();
+    let prompt: Vec<u64> = (1..=10).collect();
+    idx.assume(A, &prompt, 0, 100, 200);
+    assert_eq!(overlaps(&idx, &prompt, 150), vec![10.0, 0.0]);
+    assert_eq!(
+        overlaps(&idx, &prompt[..9], 150),
+        vec![8.0, 0.0],
+        "two whole strides"
+    );
+    assert_eq!(
+        overlaps(&idx, &[1, 2, 3], 150),
+        vec![0.0, 0.0],
+        "no checkpoint reached"
+    );
+    idx.assume(B, &prompt[..4], 0, 190, 400);
+    assert_eq!(
+        overlaps(&idx, &prompt, 250),
+        vec![0.0, 4.0],
+        "A's guesses expired; B's renewed block 4"
+    );
+    idx.assume(B, &[99], 0, 250, 500);
+    assert_eq!(
+        idx.assumed_len(),
+        2,
+        "the next decision purges the expired guesses"
+    );
+    // Events and guesses: the longer run counts.
+    idx.apply(A, &snapshot(0, &[1, 2, 3, 4, 5, 6]));
+    assert_eq!(overlaps(&idx, &prompt, 250), vec![6.0, 4.0]);
+    idx.clear_replica(B);
+    assert_eq!(overlaps(&idx, &prompt, 250), vec![6.0, 0.0]);
+    // A holds 6 from events; the decision guesses the rest only, and the run goes on
+    // through events into guesses.
+    idx.assume(A, &prompt, 6, 300, 600);
+    assert_eq!(idx.assumed_len(), 2, "checkpoints 8 and 10 guessed, not 4");
+    assert_eq!(overlaps(&idx, &prompt, 350), vec![10.0, 0.0]);
+}
+
+#[test]
+fn a_snapshot_keeps_the_guesses_of_prompts_not_yet_computed() {
+    let mut idx = PreciseIndex::default();
+    let prompt: Vec<u64> = (1..=8).collect();
+    idx.assume(A, &prompt, 0, 100, 200);
+    // The replica's first report: a snapshot taken before it computed the prompt.
+    idx.apply(A, &snapshot(0, &[42]));
+    assert_eq!(overlaps(&idx, &prompt, 150), vec![8.0, 0.0]);
+    let cleared = KvEventBatch {
+        version: KV_EVENTS_VERSION,
+        seq: 1,
+        events: vec![KvEvent::AllCleared],
+    };
+    idx.apply(A, &batches(vec![cleared]));
+    assert_eq!(overlaps(&idx, &prompt, 150), vec![8.0, 0.0]);
+    idx.clear_replica(A);
+    assert_eq!(
+        overlaps(&idx, &prompt, 150),
+        vec![0.0, 0.0],
+        "a restarted replica lost its prompts"
+    );
+}
