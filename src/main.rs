@@ -1,6 +1,7 @@
 //! The `kvgate` command line: thin wrappers around the crates.
 
 mod bench_cli;
+mod disagg_cli;
 mod keys;
 mod sim_cli;
 mod spec_cli;
@@ -182,6 +183,8 @@ enum Command {
         max_loras: Option<usize>,
         #[command(flatten)]
         spec: spec_cli::SpecArgs,
+        #[command(flatten)]
+        disagg: disagg_cli::DisaggArgs,
     },
     /// Validate a gateway config file and report every error with its YAML path.
     CheckConfig { file: PathBuf },
@@ -430,8 +433,10 @@ fn run(command: Command) -> Result<(), String> {
             lora_catalog,
             max_loras,
             spec,
+            disagg,
         } => {
             let speculation = spec.config()?;
+            let (disagg, kv_offload_mib) = disagg.config(host, kv_offload_mib)?;
             let slots =
                 max_loras.unwrap_or(lora_adapters.len() + usize::from(!lora_catalog.is_empty()));
             let adapters = kvgate_worker::server::adapters::AdapterSet::new(
@@ -490,6 +495,7 @@ fn run(command: Command) -> Result<(), String> {
                     )),
                     None => None,
                 },
+                disagg,
             })
         }
         Command::CheckConfig { file } => match kvgate_router::check_config(&file) {

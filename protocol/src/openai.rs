@@ -91,6 +91,10 @@ pub struct GenerationRequest {
     pub structured_outputs: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audio: Option<serde_json::Value>,
+    /// Prefill/decode disaggregation's hand-over (vLLM's field): asks a prefill worker to
+    /// keep the prompt's K/V for a decode worker, or tells a decode worker where to pull it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_transfer_params: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub modalities: Option<serde_json::Value>,
 }

@@ -57,6 +57,8 @@ pub struct OffloadStats {
     pub offloaded_blocks: u64,
     /// Blocks loaded back into the pool for a prefix instead of computed again.
     pub loaded_blocks: u64,
+    /// Blocks a prefill worker computed and this (decode) worker took into the tier.
+    pub imported_blocks: u64,
     /// The disk tier below it (`None` without one).
     pub disk: Option<DiskTierStats>,
 }

@@ -10,6 +10,7 @@ pub mod sample;
 pub mod sched;
 pub mod server;
 pub mod spec;
+pub mod transfer;
 
 pub use engine::{Engine, EngineConfig, EngineError, NewRequest, StepOutput, TokenOutput};
 pub use request::{FinishReason, RequestId, SamplingParams};

@@ -3,6 +3,7 @@
 
 mod offload;
 mod speculate;
+mod transfer;
 
 use crate::backend::{Backend, BackendError, BatchSlice, Sampled};
 use crate::kv::KvManager;

@@ -22,7 +22,7 @@ impl<B: Backend> Engine<B> {
         Ok(costs.load_cost())
     }
 
-    fn block_costs(&mut self) -> Result<BlockCosts, String> {
+    pub(super) fn block_costs(&mut self) -> Result<BlockCosts, String> {
         if let Some(costs) = self.block_costs {
             return Ok(costs);
         }

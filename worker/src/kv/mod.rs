@@ -128,14 +128,41 @@ impl KvManager {
     /// Keeps an evicted block's contents (`bytes` of K/V, modelled where `data` is empty) in
     /// the tier.
     pub fn offload(&self, evicted: Evicted, data: Vec<u8>, bytes: usize) {
-        if let Some(tier) = &self.tier {
-            let block = Offloaded {
-                parent: evicted.parent,
-                data: data.into(),
-                bytes,
-            };
-            tier.borrow_mut().put(evicted.hash, block);
-        }
+        self.stage(evicted.hash, evicted.parent, data.into(), bytes);
+    }
+
+    /// Keeps block `hash`'s contents, computed elsewhere, in the tier (false without one).
+    pub fn stage(&self, hash: u64, parent: Option<u64>, data: Arc<[u8]>, bytes: usize) -> bool {
+        let Some(tier) = &self.tier else {
+            return false;
+        };
+        let block = Offloaded {
+            parent,
+            data,
+            bytes,
+        };
+        tier.borrow_mut().put(hash, block);
+        true
+    }
+
+    /// Whether the pool or the host tier holds block `hash`.
+    pub fn holds(&self, hash: u64) -> bool {
+        self.pool.borrow().contains(hash)
+            || self
+                .tier
+                .as_ref()
+                .is_some_and(|t| t.borrow().contains(hash))
+    }
+
+    /// Block `hash`'s place in the pool, while cached there.
+    pub fn cached_block(&self, hash: u64) -> Option<BlockId> {
+        self.pool.borrow().cached_block(hash)
+    }
+
+    /// Block `hash`'s contents from the host tier (or the disk tier below it).
+    pub fn fetch_offloaded(&self, hash: u64) -> Option<Arc<[u8]>> {
+        let mut tier = self.tier.as_ref()?.borrow_mut();
+        tier.fetch(hash, true).map(|(data, _)| data)
     }
 
     /// The blocks to fill from the tier before the next step.

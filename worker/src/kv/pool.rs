@@ -124,6 +124,11 @@ impl BlockPool {
         Some(id)
     }
 
+    /// The block holding `hash`, without taking a reference.
+    pub fn cached_block(&self, hash: u64) -> Option<BlockId> {
+        self.by_hash.get(&hash).copied()
+    }
+
     pub fn contains(&self, hash: u64) -> bool {
         self.by_hash.contains_key(&hash)
     }

@@ -8,6 +8,7 @@ use super::metrics::Metrics;
 use crate::backend::Backend;
 use crate::engine::{Engine, EngineError, EngineStats, NewRequest, TokenOutput};
 use crate::request::{RequestId, RequestMap};
+use crate::transfer::TransferBlock;
 use kvgate_protocol::kv_events::{KvSnapshot, KV_EVENTS_VERSION};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
@@ -25,6 +26,21 @@ pub enum Command {
     Snapshot(oneshot::Sender<KvSnapshot>),
     /// Forget every cached prefix (an `all_cleared` KV event follows).
     ResetPrefixCache,
+    /// A prompt's leading blocks, read out for a decode worker.
+    Export {
+        prompt: Vec<u32>,
+        reply: oneshot::Sender<Vec<TransferBlock>>,
+    },
+    /// A prompt's block hashes, and whether each is held here.
+    Held {
+        prompt: Vec<u32>,
+        reply: oneshot::Sender<(Vec<u64>, Vec<bool>)>,
+    },
+    /// Blocks a prefill worker computed, into the host tier.
+    Import {
+        blocks: Vec<TransferBlock>,
+        reply: oneshot::Sender<Result<usize, String>>,
+    },
 }
 
 /// What the HTTP side reads of the engine.
@@ -146,12 +162,20 @@ fn handle(
         }
         Command::ResetPrefixCache => {
             engine.reset_prefix_cache();
-            let events = engine.take_kv_events();
-            shared
-                .events
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .publish(events);
+            publish_events(engine, shared);
+        }
+        Command::Export { prompt, reply } => {
+            let chain = engine.prompt_chain(&prompt);
+            let _ = reply.send(engine.export_prefix(&chain));
+        }
+        Command::Held { prompt, reply } => {
+            let chain = engine.prompt_chain(&prompt);
+            let held = engine.held_blocks(&chain);
+            let _ = reply.send((chain, held));
+        }
+        Command::Import { blocks, reply } => {
+            let _ = reply.send(engine.import_blocks(blocks));
+            publish_events(engine, shared);
         }
         Command::Snapshot(reply) => {
             let seq = shared
@@ -175,6 +199,16 @@ fn handle(
             });
         }
     }
+}
+
+/// KV events made outside a step (a reset, blocks taken in), published at once.
+fn publish_events(engine: &mut WorkerEngine, shared: &Shared) {
+    let events = engine.take_kv_events();
+    shared
+        .events
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .publish(events);
 }
 
 fn deliver(

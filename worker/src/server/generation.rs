@@ -30,6 +30,8 @@ pub struct Prepared {
     pub include_usage: bool,
     /// Choices to generate.
     pub n: u32,
+    /// Prefill/decode hand-over, as sent (see `disagg`).
+    pub kv_transfer_params: Option<serde_json::Value>,
 }
 
 fn invalid(message: String, param: &str) -> ApiError {
@@ -130,6 +132,7 @@ pub fn prepare(
         stream: r.stream,
         include_usage: r.include_usage(),
         n,
+        kv_transfer_params: r.kv_transfer_params.clone(),
     })
 }
 

@@ -2,6 +2,7 @@
 
 use super::body::{full, ChannelBody, Chunk};
 use super::choices::Choices;
+use super::disagg::{self, Leg};
 use super::engine_loop::{Command, Shared};
 use super::generation::{prepare, response, Finished, Generation, Piece};
 use crate::engine::EngineError;
@@ -33,19 +34,27 @@ pub struct Context {
     pub next_id: AtomicU64,
     /// Requests parsed and tokenized at once, each on a blocking thread (see [`apart`]).
     pub prepare_slots: tokio::sync::Semaphore,
+    /// Prefill/decode roles (`None`: a colocated worker).
+    pub disagg: Option<super::disagg::Disagg>,
 }
 
 type Reply = Response<ChannelBody>;
 
+/// Answers `req`, which reached this worker at `local_ip`.
 pub async fn handle(
     ctx: Arc<Context>,
     req: Request<Incoming>,
+    local_ip: std::net::IpAddr,
 ) -> Result<Reply, std::convert::Infallible> {
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
     let reply = match (req.method().clone(), path.as_str()) {
-        (Method::POST, "/v1/chat/completions") => generate(ctx, req, Endpoint::Chat).await,
-        (Method::POST, "/v1/completions") => generate(ctx, req, Endpoint::Completions).await,
+        (Method::POST, "/v1/chat/completions") => {
+            generate(ctx, req, Endpoint::Chat, local_ip).await
+        }
+        (Method::POST, "/v1/completions") => {
+            generate(ctx, req, Endpoint::Completions, local_ip).await
+        }
         (Method::GET, "/v1/models") => {
             let adapters = ctx
                 .adapters
@@ -60,6 +69,9 @@ pub async fn handle(
         }
         (Method::GET, "/health") => json(200, &serde_json::json!({ "status": "ok" })),
         (Method::GET, "/metrics") => {
+            if let Some(d) = &ctx.disagg {
+                d.record_waiting(&ctx.shared.metrics);
+            }
             let mut r = Response::new(full(ctx.shared.metrics.render()));
             r.headers_mut().insert(
                 http::header::CONTENT_TYPE,
@@ -117,7 +129,12 @@ async fn apart<T: Send + 'static>(
         .map_err(|_| stopped())?
 }
 
-async fn generate(ctx: Arc<Context>, req: Request<Incoming>, endpoint: Endpoint) -> Reply {
+async fn generate(
+    ctx: Arc<Context>,
+    req: Request<Incoming>,
+    endpoint: Endpoint,
+    local_ip: std::net::IpAddr,
+) -> Reply {
     let body = match read_body(req).await {
         Ok(b) => b,
         Err(e) => return error(&e),
@@ -145,6 +162,14 @@ async fn generate(ctx: Arc<Context>, req: Request<Incoming>, endpoint: Endpoint)
         Ok(p) => p,
         Err(e) => return error(&e),
     };
+    let transfer = prepared.kv_transfer_params.as_ref();
+    let leg = match disagg::leg(ctx.disagg.as_ref(), transfer, prepared.stream, prepared.n).await {
+        Ok(leg) => leg,
+        Err(e) => return error(&e),
+    };
+    if let Leg::Decode { from, id } = leg {
+        disagg::pull_prefix(&ctx, &prepared.prompt, from, id).await;
+    }
     let choices = match Choices::start(&ctx, &prepared).await {
         Ok(c) => c,
         Err(e) => return error(&e.into()),
@@ -161,9 +186,15 @@ async fn generate(ctx: Arc<Context>, req: Request<Incoming>, endpoint: Endpoint)
         .map(|index| Generation::new(responder.clone(), index, &prepared))
         .collect();
     if prepared.stream {
-        stream(ctx, choices, generations)
-    } else {
-        whole(ctx, choices, generations).await
+        return stream(ctx, choices, generations);
+    }
+    match whole(&ctx, choices, generations).await {
+        Ok(body) if leg == Leg::Prefill => {
+            let body = disagg::offer(&ctx, &prepared.prompt, body, local_ip).await;
+            with_type(Response::new(full(body)), "application/json")
+        }
+        Ok(body) => with_type(Response::new(full(body)), "application/json"),
+        Err(e) => error(&e),
     }
 }
 
@@ -171,8 +202,12 @@ fn dropped() -> ApiError {
     ApiError::new(ErrorKind::Internal, "the engine dropped the request")
 }
 
-/// The response once every choice has finished.
-async fn whole(ctx: Arc<Context>, mut choices: Choices, mut generations: Vec<Generation>) -> Reply {
+/// The response's body once every choice has finished.
+async fn whole(
+    ctx: &Context,
+    mut choices: Choices,
+    mut generations: Vec<Generation>,
+) -> Result<Vec<u8>, ApiError> {
     let mut texts = vec![String::new(); generations.len()];
     let mut finished: Vec<Option<Finished>> = generations.iter().map(|_| None).collect();
     let mut usage: Option<Usage> = None;
@@ -190,11 +225,14 @@ async fn whole(ctx: Arc<Context>, mut choices: Choices, mut generations: Vec<Gen
         }
         if choices.all_closed() {
             let finished = finished.into_iter().flatten().collect();
-            let body = response(&mut generations, finished, usage.unwrap_or_default());
-            return with_type(Response::new(full(body)), "application/json");
+            return Ok(response(
+                &mut generations,
+                finished,
+                usage.unwrap_or_default(),
+            ));
         }
     }
-    error(&dropped())
+    Err(dropped())
 }
 
 /// Every choice's chunks as they come, then the usage chunk (if asked) and `[DONE]`.

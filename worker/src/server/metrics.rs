@@ -41,6 +41,14 @@ pub struct Metrics {
     pub itl: Vec<Histogram>,
     pub e2e: Vec<Histogram>,
     pub requests: IntCounter,
+    /// Blocks sent to decode workers (`sent`) and taken from prefill workers (`received`).
+    pub transfer_blocks: IntCounterVec,
+    /// Pulls that ended early, by reason; the blocks not taken are computed.
+    pub transfer_failures: IntCounterVec,
+    pub transfer_seconds: Histogram,
+    /// Prompts' blocks a prefill worker keeps for pulls: transfers, and their bytes.
+    pub transfers_waiting: IntGauge,
+    pub transfers_waiting_bytes: IntGauge,
 }
 
 impl Metrics {
@@ -68,6 +76,11 @@ impl Metrics {
             )?;
             reg(Box::new(h.clone()))?;
             Ok(h)
+        };
+        let counter_vec = |name: &str, help: &str, label: &str| {
+            let c = IntCounterVec::new(Opts::new(name, help), &[label])?;
+            reg(Box::new(c.clone()))?;
+            prometheus::Result::Ok(c)
         };
         let both_int = |k: &str, v: &str, help: &str| -> prometheus::Result<Vec<IntGauge>> {
             Ok(vec![int_gauge(k, help)?, int_gauge(v, help)?])
@@ -220,6 +233,28 @@ impl Metrics {
             requests: counter(
                 "kvgate_worker_requests_total",
                 "Generation requests accepted",
+            )?,
+            transfer_blocks: counter_vec(
+                "kvgate_worker_kv_transfer_blocks_total",
+                "KV blocks moved between prefill and decode workers",
+                "direction",
+            )?,
+            transfer_failures: counter_vec(
+                "kvgate_worker_kv_transfer_failures_total",
+                "Block pulls that ended early (the rest of the prompt is computed here)",
+                "reason",
+            )?,
+            transfer_seconds: histogram(
+                "kvgate_worker_kv_transfer_seconds",
+                "A decode worker's pull of a prompt's blocks, from connect to the last block",
+            )?,
+            transfers_waiting: int_gauge(
+                "kvgate_worker_kv_transfers_waiting",
+                "Prompts whose blocks a prefill worker keeps for their decode worker's pull",
+            )?,
+            transfers_waiting_bytes: int_gauge(
+                "kvgate_worker_kv_transfers_waiting_bytes",
+                "The bytes of those blocks",
             )?,
             registry,
         })

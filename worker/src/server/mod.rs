@@ -4,6 +4,7 @@ pub mod adapters;
 pub mod body;
 mod choices;
 pub mod detok;
+pub mod disagg;
 mod engine_loop;
 mod events;
 mod generation;
@@ -64,6 +65,8 @@ pub struct WorkerConfig {
     pub offload_bytes: usize,
     /// A directory and its size in bytes for the disk tier below the host tier.
     pub disk_tier: Option<(std::path::PathBuf, usize)>,
+    /// Prefill/decode roles (`None`: colocated).
+    pub disagg: Option<disagg::DisaggConfig>,
 }
 
 /// Serves until the process ends.
@@ -108,6 +111,19 @@ pub fn run(config: WorkerConfig) -> Result<(), String> {
             (Box::new(backend), 1.0)
         }
     };
+    if let Some(d) = &config.disagg {
+        if d.role.prefills() && !config.prefix_caching {
+            return Err(
+                "a prefill role serves prompts' blocks from the prefix cache, which is off".into(),
+            );
+        }
+        if d.role.decodes() && config.offload_bytes == 0 {
+            return Err(
+                "a decode role takes pulled blocks into the host tier: give --kv-offload-mib"
+                    .into(),
+            );
+        }
+    }
     let max_model_len = config.max_model_len.unwrap_or(model.params.context_length);
     let eos = model.prompt.tokenizer.eos_token_id.into_iter().collect();
     let engine_config = EngineConfig {
@@ -166,6 +182,15 @@ pub fn run(config: WorkerConfig) -> Result<(), String> {
     if config.adapters.max_loras() > 0 && !matches!(config.backend, BackendChoice::Sim { .. }) {
         return Err("LoRA adapters need adapter weights, which only the sim backend does without (the cpu backend cannot load them yet)".into());
     }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let disagg = match &config.disagg {
+        Some(d) => Some(runtime.block_on(disagg::Disagg::start(d, config.offload_bytes))?),
+        None => None,
+    };
     let ctx = Arc::new(http::Context {
         model,
         served_name,
@@ -177,12 +202,8 @@ pub fn run(config: WorkerConfig) -> Result<(), String> {
         prepare_slots: tokio::sync::Semaphore::new(
             std::thread::available_parallelism().map_or(1, |n| n.get()),
         ),
+        disagg,
     });
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
     let result = runtime.block_on(serve(config.addr, ctx));
     // Ending the runtime drops every task's hold on the engine's command queue: the engine
     // thread then returns and drops the engine.
@@ -225,8 +246,10 @@ async fn serve(addr: SocketAddr, ctx: Arc<http::Context>) -> Result<(), String> 
             }
         };
         let _ = stream.set_nodelay(true);
+        let local_ip = stream.local_addr().map_or(addr.ip(), |a| a.ip());
         let ctx = Arc::clone(&ctx);
-        let service = hyper::service::service_fn(move |req| http::handle(Arc::clone(&ctx), req));
+        let service =
+            hyper::service::service_fn(move |req| http::handle(Arc::clone(&ctx), req, local_ip));
         let io = hyper_util::rt::TokioIo::new(stream);
         let connection = connections
             .watch(hyper::server::conn::http1::Builder::new().serve_connection(io, service));
