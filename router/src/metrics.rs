@@ -29,8 +29,11 @@ pub struct Metrics {
     /// By reason: connect, status_503, status_429, stale_connection.
     pub retries: IntCounterVec,
     pub ejections: IntCounterVec,
-    /// By replica and kind: connect, timeout, read, write.
+    /// By replica and kind: connect, timeout, read, write, prefill, prefill_status.
     pub upstream_errors: IntCounterVec,
+    /// Requests of disaggregated pools, by flow and path: prefill_decode (both legs),
+    /// decode_only (a prompt below the pool's minimum), fallback (no prefill replica took it).
+    pub pd_requests: IntCounterVec,
     pub client_disconnects: IntCounter,
     pub reloads: IntCounterVec,
     /// Agent reports by result: accepted, unauthorized, rejected, missed (sequence gaps).
@@ -152,6 +155,11 @@ impl Metrics {
                 "kvgate_upstream_errors_total",
                 "Failed exchanges with replicas",
                 &["replica", "kind"],
+            )?,
+            pd_requests: counter(
+                "kvgate_pd_requests_total",
+                "Requests of prefill/decode pools, by flow and the legs they took",
+                &["flow", "path"],
             )?,
             client_disconnects,
             reloads: counter(

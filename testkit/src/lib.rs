@@ -1,7 +1,8 @@
 //! A fault-injection OpenAI-compatible worker for testing the gateway (not the product's
 //! worker): it streams deterministic tokens (the prompt's last user text, echoed) with
 //! configurable delays, error rate, hangs and mid-stream disconnects, reports a digest of every
-//! request body it receives, and counts what happened in `GET /stats`.
+//! request body it receives, keeps the last bodies for `GET /received` (what a gateway sent
+//! it, field by field), and counts what happened in `GET /stats`.
 
 mod faults;
 mod generate;
@@ -25,6 +26,8 @@ use tokio::sync::mpsc;
 
 /// Largest request body the worker reads.
 const MAX_BODY: usize = 64 << 20;
+/// Request bodies kept for `GET /received`, the latest ones.
+const RECEIVED: usize = 64;
 
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -50,6 +53,8 @@ struct State {
     config: WorkerConfig,
     faults: Mutex<Faults>,
     counters: Counters,
+    /// The latest generation request bodies, oldest first (JSON, or a string if not JSON).
+    received: Mutex<std::collections::VecDeque<serde_json::Value>>,
 }
 
 /// Counts a generation in flight until dropped.
@@ -78,6 +83,7 @@ pub async fn serve(config: WorkerConfig) -> std::io::Result<()> {
         config,
         faults,
         counters: Counters::default(),
+        received: Mutex::default(),
     });
     tracing::info!(addr = %state.config.addr, id = %state.config.id, "fault-injection worker listening");
     loop {
@@ -120,6 +126,13 @@ async fn handle(
             json(200, serde_json::to_value(list).unwrap_or_default())
         }
         (&Method::GET, "/stats") => json(200, stats(&state)),
+        (&Method::GET, "/received") => {
+            let received = state
+                .received
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            json(200, serde_json::Value::from(Vec::from(received.clone())))
+        }
         (&Method::POST, "/fault") => set_faults(&state, req).await,
         (&Method::POST, "/v1/chat/completions") => generate(state, req, Endpoint::Chat).await,
         (&Method::POST, "/v1/completions") => generate(state, req, Endpoint::Completions).await,
@@ -182,6 +195,18 @@ async fn generate(state: Arc<State>, req: Request<Incoming>, endpoint: Endpoint)
         }
     };
     let digest = format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&body));
+    {
+        let value = serde_json::from_slice(&body)
+            .unwrap_or_else(|_| String::from_utf8_lossy(&body).into_owned().into());
+        let mut received = state
+            .received
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if received.len() == RECEIVED {
+            received.pop_front();
+        }
+        received.push_back(value);
+    }
     let active = Active::new(Arc::clone(&state));
     let faults = state
         .faults

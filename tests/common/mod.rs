@@ -256,8 +256,18 @@ impl Gateway {
         workers: &[&dyn Upstream],
         extra: &str,
     ) -> Gateway {
+        Self::start_config(
+            port,
+            admin_port,
+            Self::yaml(port, admin_port, workers, extra),
+        )
+        .await
+    }
+
+    /// A gateway on `yaml` as written (listening on `port`, its admin API on `admin_port`).
+    pub async fn start_config(port: u16, admin_port: u16, yaml: String) -> Gateway {
         let config = std::env::temp_dir().join(format!("kvgate-test-{port}.yaml"));
-        std::fs::write(&config, Self::yaml(port, admin_port, workers, extra)).unwrap();
+        std::fs::write(&config, yaml).unwrap();
         let mut cmd = kvgate();
         cmd.args(["gateway", "--config", config.to_str().unwrap()]);
         let proc = spawn(cmd, &format!("gateway-{port}"));

@@ -1,9 +1,11 @@
 //! The gateway's YAML configuration: types, defaults and validation. Loading lives in
 //! [`load`], the one place that knows the YAML library.
 
+mod disaggregation;
 mod load;
 mod validate;
 
+pub use disaggregation::{DisaggregationConfig, PdFlow, PdPool};
 pub use load::{
     load_file, load_file_warning, load_policy_file, parse_policy_str, parse_str, preset,
     preset_names, ConfigError, Loaded,
@@ -75,6 +77,10 @@ pub struct GatewayConfig {
     /// every request needs a key of one of them (401 otherwise).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tenants: BTreeMap<String, TenantConfig>,
+    /// Prefill/decode disaggregation: replicas pooled by phase, and how a prompt is handed
+    /// from one to the other. Off when absent (every replica serves requests whole).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disaggregation: Option<DisaggregationConfig>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

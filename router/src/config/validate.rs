@@ -304,6 +304,11 @@ pub(super) fn validate(c: &GatewayConfig) -> Vec<ConfigError> {
             }
         }
     }
+    if let Some(d) = &c.disaggregation {
+        for (path, message) in d.validate() {
+            err(format!("disaggregation.{path}"), message);
+        }
+    }
     validate_tenants(c, &mut err);
     if let Some(tls) = &c.tls {
         if let Err(e) = crate::tls::Certificate::load(tls) {

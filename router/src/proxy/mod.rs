@@ -2,12 +2,15 @@
 
 mod answer_end;
 mod body;
+mod disagg;
 mod forward;
 pub mod header;
 pub mod request;
 pub mod respond;
 
-use crate::gateway::{Gateway, Snapshot};
+use crate::classes::Class;
+use crate::config::PdPool;
+use crate::gateway::{Gateway, Route, Snapshot};
 use crate::tenants::{Lease, Refusal, Tenant, UNSET_MAX_TOKENS_CHARGE};
 use async_trait::async_trait;
 use body::BodyError;
@@ -270,13 +273,49 @@ impl ProxyApp {
                 }
             },
         };
+        let pd_pool = snapshot
+            .config
+            .disaggregation
+            .as_ref()
+            .and_then(|d| d.pool(&routed.model));
         let admitted = tokio::select! {
-            admitted = gateway.admit(&snapshot, &routed.model, &routed.features, class.as_ref()) => admitted,
+            admitted = self.admit(&snapshot, &routed, class.as_ref(), pd_pool) => admitted,
             _ = gateway.drain.grace_over() => Err(shutting_down()),
         };
         let route = match admitted {
             Ok(route) => route,
             Err(error) => return self.reject(session, route_label, error, request_id).await,
+        };
+        let body = match pd_pool {
+            None => body,
+            Some(pool) => {
+                let hand_over = disagg::HandOver {
+                    gateway,
+                    snapshot: &snapshot,
+                    pool,
+                    endpoint,
+                    request_id,
+                    features: &routed.features,
+                };
+                match hand_over.prefill(body, &routed.model, class.as_ref()).await {
+                    Ok(body) => body,
+                    Err(answer) => {
+                        gateway
+                            .metrics
+                            .requests
+                            .with_label_values(&[route_label, &answer.status.to_string(), "none"])
+                            .inc();
+                        let sent =
+                            respond::send_json(session, answer.status, answer.body.to_vec(), &[])
+                                .await;
+                        return if sent {
+                            Outcome::Complete
+                        } else {
+                            Outcome::Close
+                        };
+                    }
+                }
+            }
         };
         let debug = snapshot.config.debug_headers
             && session
@@ -297,6 +336,29 @@ impl ProxyApp {
 }
 
 impl ProxyApp {
+    /// Admits and routes a request: among the decode replicas of its prefill/decode pool, if
+    /// it has one (queued only where its SLA class queues).
+    async fn admit(
+        &self,
+        snapshot: &Arc<Snapshot>,
+        routed: &request::RoutedRequest,
+        class: Option<&Arc<Class>>,
+        pd_pool: Option<&PdPool>,
+    ) -> Result<Route, ApiError> {
+        let (model, features) = (&routed.model, &routed.features);
+        let Some(pool) = pd_pool else {
+            return self.gateway.admit(snapshot, model, features, class).await;
+        };
+        let decode = disagg::phase_class(class, "decode", &pool.decode, snapshot);
+        match class {
+            Some(_) => {
+                let decode = Some(&decode);
+                self.gateway.admit(snapshot, model, features, decode).await
+            }
+            None => self.gateway.route(snapshot, model, features, Some(&decode)),
+        }
+    }
+
     /// Counts a tenant's request against its limits: in flight, and its prompt plus its
     /// output limit against its tokens per minute.
     fn admit_tenant(
