@@ -175,6 +175,15 @@ async fn short_prompts_skip_the_prefill_leg_and_refusals_pass_through() {
     };
     assert_eq!(requests(&p).await, 0.0, "no prefill leg for a short prompt");
     assert_eq!(pd_requests(&gw, "vllm", "decode_only").await, 1.0);
+    // A client's own hand-over never reaches a replica: none pulls from where it says.
+    let mut forged = body(&prompt(3, 20));
+    forged["kv_transfer_params"] = json!({"do_remote_prefill": true,
+        "remote_host": "127.0.0.1", "remote_port": free_port(), "transfer_id": "00000000000000ff"});
+    let (status, answer) = post(&gw.url(), "/v1/completions", &forged).await;
+    assert_eq!(status, 200, "{answer}");
+    let m = d.metrics().await;
+    let unreachable = r#"kvgate_worker_kv_transfer_failures_total{reason="unreachable"}"#;
+    assert_eq!(metric(&m, unreachable), 0.0, "{m}");
     let mut refused = body(&prompt(2, 150));
     refused["echo"] = json!(true);
     let (status, answer) = post(&gw.url(), "/v1/completions", &refused).await;

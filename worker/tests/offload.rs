@@ -1,7 +1,8 @@
 //! The offload tier in the engine, on the CPU backend and the default model: a prefix evicted
 //! from the KV cache and asked for again is loaded back from host memory (counted as cached),
 //! the output and its log-probabilities the same as when it was computed; a tier whose loads
-//! cost more than recomputing is not read; nothing leaks either way.
+//! cost more than recomputing is not read; blocks handed from one engine to another (prefill /
+//! decode) arrive byte for byte; nothing leaks either way.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use kvgate_protocol::kv_events::{KvEvent, Tier};
@@ -297,4 +298,52 @@ fn a_disk_tier_needs_the_host_tier_and_a_directory_of_its_own() {
     second.enable_offload_at(1 << 20, 0.1);
     let err = second.enable_disk_tier(&dir, 1 << 20).unwrap_err();
     assert!(err.contains("in use by another worker"), "{err}");
+}
+
+/// Prefill/decode's hand-over between two engines: the blocks one computed, exported and
+/// imported into the other's host tier, are loaded there byte for byte, and the second
+/// answers as the first did; neither leaks a block.
+#[test]
+fn blocks_handed_to_another_engine_arrive_byte_for_byte() {
+    let model = ModelFile::open(&common::default_model()).unwrap();
+    let (mut prefill, mut decode) = (engine(&model), engine(&model));
+    decode.enable_offload_at(64 << 20, 0.1);
+    let a = prompt(1, 150);
+    let computed = answer(&mut prefill, 1, &a);
+    let chain = prefill.prompt_chain(&a);
+    assert_eq!(chain.len(), 9);
+    let sent = prefill.export_prefix(&chain);
+    assert_eq!(sent.len(), 9);
+    assert_eq!(decode.held_blocks(&chain), vec![false; 9]);
+    assert_eq!(decode.import_blocks(sent.clone()).unwrap(), 9);
+    assert_eq!(decode.held_blocks(&chain), vec![true; 9]);
+    let handed = answer(&mut decode, 1, &a);
+    assert_eq!(
+        handed.cached,
+        9 * BLOCK,
+        "every block loaded, none computed"
+    );
+    assert_eq!(handed.tokens, computed.tokens);
+    assert_eq!(
+        handed.logprobs, computed.logprobs,
+        "log-probabilities bit for bit"
+    );
+    assert_eq!(decode.stats().offload.imported_blocks, 9);
+    let back = decode.export_prefix(&chain);
+    assert_eq!(
+        back, sent,
+        "the K/V the decode engine holds is the K/V sent"
+    );
+    let mut wrong_size = sent[0].clone();
+    wrong_size.data = vec![0u8; 3].into();
+    assert_eq!(decode.import_blocks(vec![wrong_size]).unwrap(), 0);
+    for e in [&prefill, &decode] {
+        e.check_kv().unwrap();
+        assert_eq!(e.stats().kv_blocks_free, BLOCKS);
+    }
+    let mut no_tier = engine(&model);
+    assert!(
+        no_tier.import_blocks(sent).is_err(),
+        "a worker without a host tier takes none"
+    );
 }

@@ -12,7 +12,6 @@ use crate::replica::Replica;
 use bytes::Bytes;
 use kvgate_policies::RequestFeatures;
 use kvgate_protocol::openai::Endpoint;
-use kvgate_protocol::ApiError;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -54,40 +53,52 @@ pub struct HandOver<'a> {
     pub features: &'a RequestFeatures,
 }
 
+/// Fields only the gateway sets in a pool: a client's are dropped, so that no client can point
+/// a decode replica at an address of its choosing.
+const HAND_OVER_FIELDS: [&str; 4] = [
+    "kv_transfer_params",
+    "bootstrap_host",
+    "bootstrap_port",
+    "bootstrap_room",
+];
+
 impl HandOver<'_> {
     /// The decode leg's body: after a prefill leg where the prompt is long enough, else the
-    /// request's own (the decode replica serves it whole). `class` is the request's.
+    /// request's own (the decode replica serves it whole); hand-over fields a client sent are
+    /// dropped either way. `class` is the request's.
     pub async fn prefill(
         &self,
         body: Bytes,
         model: &str,
         class: Option<&Arc<Class>>,
     ) -> Result<Bytes, Answer> {
+        // Not an object: the decode replica refuses it as it would anywhere.
+        let Ok(Value::Object(mut request)) = serde_json::from_slice::<Value>(&body) else {
+            return Ok(body);
+        };
+        let sent = request.len();
+        HAND_OVER_FIELDS.iter().for_each(|f| {
+            request.remove(*f);
+        });
+        let body = match request.len() == sent {
+            true => body,
+            false => to_bytes(&request),
+        };
         if self.features.prompt_tokens < self.pool.min_prompt_tokens {
             self.count("decode_only");
             return Ok(body);
         }
         let prefill = phase_class(class, "prefill", &self.pool.prefill, self.snapshot);
-        let route = self
+        let route = match self
             .gateway
-            .route(self.snapshot, model, self.features, Some(&prefill));
-        self.run(body, route).await
-    }
-
-    /// Runs the prefill leg on the ranked prefill replicas and returns the decode leg's body.
-    /// A prefill pool that cannot take the prompt (none routable, every replica failing)
-    /// leaves the body as it is: the decode replica computes the prompt itself. An answer
-    /// that refuses the request (a 4xx) is the client's answer.
-    async fn run(&self, body: Bytes, prefill: Result<Route, ApiError>) -> Result<Bytes, Answer> {
-        let route = match prefill {
+            .route(self.snapshot, model, self.features, Some(&prefill))
+        {
             Ok(route) => route,
             Err(e) => {
+                // No prefill replica can take it: the decode replica computes the prompt.
                 self.fell_back(&e.message);
                 return Ok(body);
             }
-        };
-        let Ok(Value::Object(request)) = serde_json::from_slice::<Value>(&body) else {
-            return Ok(body);
         };
         match self.pool.flow {
             PdFlow::Vllm => self.vllm(request, body, route).await,
@@ -115,7 +126,7 @@ impl HandOver<'_> {
             "kv_transfer_params".into(),
             json!({"do_remote_decode": true, "do_remote_prefill": false}),
         );
-        let leg = Bytes::from(serde_json::to_vec(&leg).unwrap_or_default());
+        let leg = to_bytes(&leg);
         let attempts = self.snapshot.config.retries.attempts.max(1) as usize;
         let mut first = Some(route.first);
         let mut last = String::from("no prefill replica");
@@ -129,7 +140,7 @@ impl HandOver<'_> {
                     self.count("prefill_decode");
                     let mut decode = request;
                     decode.insert("kv_transfer_params".into(), params);
-                    return Ok(Bytes::from(serde_json::to_vec(&decode).unwrap_or_default()));
+                    return Ok(to_bytes(&decode));
                 }
                 Err(LegError::Refused(answer)) => return Err(answer),
                 Err(LegError::Failed(why)) => {
@@ -175,7 +186,14 @@ impl HandOver<'_> {
         };
         match status {
             200 => {}
-            429 | 500.. => {
+            // Busy, not failing: the next replica may take it.
+            429 => {
+                return Err(LegError::Failed(format!(
+                    "replica `{}` answered 429",
+                    replica.name
+                )))
+            }
+            500.. => {
                 let why = format!("replica `{}` answered {status}", replica.name);
                 return Err(failed("prefill_status", why));
             }
@@ -196,7 +214,7 @@ impl HandOver<'_> {
     /// address and a fresh room.
     fn sglang(&self, mut request: Map<String, Value>, route: Route) -> Bytes {
         let Some((replica, _)) = route.ranked.first() else {
-            return Bytes::from(serde_json::to_vec(&request).unwrap_or_default());
+            return to_bytes(&request);
         };
         let port = replica
             .config
@@ -208,7 +226,7 @@ impl HandOver<'_> {
         request.insert("bootstrap_port".into(), json!(port));
         request.insert("bootstrap_room".into(), json!(bootstrap_room()));
         self.count("prefill_decode");
-        let body = Bytes::from(serde_json::to_vec(&request).unwrap_or_default());
+        let body = to_bytes(&request);
         let (gateway, snapshot) = (Arc::clone(self.gateway), Arc::clone(self.snapshot));
         let (replica, path) = (Arc::clone(replica), self.endpoint.path());
         let (leg, request_id) = (body.clone(), self.request_id.to_string());
@@ -254,6 +272,10 @@ impl HandOver<'_> {
             .with_label_values(&[flow, path])
             .inc();
     }
+}
+
+fn to_bytes(request: &Map<String, Value>) -> Bytes {
+    Bytes::from(serde_json::to_vec(request).unwrap_or_default())
 }
 
 /// A prefill replica's refusal, passed on to the client as it came.

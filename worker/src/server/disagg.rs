@@ -246,7 +246,10 @@ pub async fn offer(ctx: &Context, prompt: &[u32], body: Vec<u8>, local_ip: IpAdd
         Err(_) => Vec::new(),
     };
     let count = blocks.len();
-    let id = disagg.store.keep(Transfer { blocks }, Instant::now());
+    // Nothing to pull (a prompt under one block): the decode leg computes it.
+    let id = (count > 0)
+        .then(|| disagg.store.keep(Transfer { blocks }, Instant::now()))
+        .flatten();
     let params = match id {
         Some(id) => {
             ctx.shared
@@ -270,7 +273,7 @@ pub async fn offer(ctx: &Context, prompt: &[u32], body: Vec<u8>, local_ip: IpAdd
                 "tp_size": 1,
             })
         }
-        // Nothing kept (over the store's size): the decode leg computes the prompt.
+        // Nothing kept (no full block, or over the store's size): the decode leg computes it.
         None => json!({ "do_remote_prefill": false, "do_remote_decode": false }),
     };
     with_field(body, "kv_transfer_params", params)
