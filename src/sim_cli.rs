@@ -29,6 +29,14 @@ pub struct SimArgs {
     /// there and copied back over the profile's `hardware.host_link_gb_s`.
     #[arg(long, default_value_t = 0)]
     kv_offload_mib: usize,
+    /// Prefill/decode disaggregation: the first this many replicas prefill, the rest decode
+    /// (each gateway routes both legs with kvgate's policy, vLLM's hand-over; the blocks
+    /// travel over the profile's `hardware.host_link_gb_s`). 0: colocated.
+    #[arg(long, default_value_t = 0)]
+    prefill_replicas: usize,
+    /// With --prefill-replicas: prompts shorter than this go to a decode replica whole.
+    #[arg(long, default_value_t = 0, requires = "prefill_replicas")]
+    pd_min_prompt_tokens: usize,
     #[arg(long, default_value_t = 16)]
     block_size: usize,
     #[arg(long, default_value_t = 32_768)]
@@ -230,8 +238,14 @@ pub fn run(args: SimArgs) -> Result<(), String> {
                 args.kv_offload_mib
             )
         })?,
+        prefill_replicas: args.prefill_replicas,
+        pd_min_prompt_tokens: args.pd_min_prompt_tokens,
     };
     config.check()?;
+    let kvgate_only = |(_, p): &(String, Policy)| matches!(p, Policy::Route(Router::Kvgate(_)));
+    if args.prefill_replicas > 0 && !policies.iter().all(kvgate_only) {
+        return Err("a disaggregated fleet (--prefill-replicas) is routed by kvgate's policies only (a preset or a policy file)".into());
+    }
     let jobs = workload.jobs(args.load.requests, args.load.seed)?;
     let ideal = workload.ideal_cached_ratio(&jobs, args.warmup);
     let show_progress = !args.quiet && std::io::stderr().is_terminal();

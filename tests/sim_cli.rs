@@ -290,6 +290,14 @@ fn bad_input_is_refused_with_its_reason() {
             "--replicas 2 --policy kvgate --workload mooncake:/nonexistent.jsonl",
             "/nonexistent.jsonl",
         ),
+        (
+            "--replicas 2 --prefill-replicas 1 --policy round-robin --workload shared-prefix",
+            "routed by kvgate's policies only",
+        ),
+        (
+            "--replicas 2 --prefill-replicas 2 --policy kvgate --workload shared-prefix",
+            "2 prefill replicas leave none of the 2 to decode",
+        ),
     ] {
         let mut args: Vec<&str> = base.to_vec();
         args.extend(extra.split_whitespace());

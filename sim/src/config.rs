@@ -54,13 +54,44 @@ pub struct SimConfig {
     /// Each engine's host offload tier in bytes (0: none), its copies priced by the
     /// profile's device-host link.
     pub offload_bytes: usize,
+    /// Prefill/decode disaggregation: the first this many replicas prefill (`--role
+    /// prefill`), the rest decode; 0: every replica serves requests whole.
+    pub prefill_replicas: usize,
+    /// With prefill replicas: prompts shorter than this go to a decode replica whole (the
+    /// gateway pool's `min_prompt_tokens`).
+    pub pd_min_prompt_tokens: usize,
 }
+
+/// A decode replica's host tier when none is given: pulled blocks land there (the sim's
+/// blocks hold no bytes, so this only bounds the modelled sizes).
+const DECODE_HOST_TIER_BYTES: usize = 64 << 30;
 
 impl SimConfig {
     /// Checks that the replicas can be built (an engine whose KV pool holds less than one
     /// request of the context length cannot), before anything runs.
     pub fn check(&self) -> Result<(), String> {
-        self.engine().map(|_| ())
+        if self.prefill_replicas > 0 && self.prefill_replicas >= self.replicas {
+            return Err(format!(
+                "{} prefill replicas leave none of the {} to decode",
+                self.prefill_replicas, self.replicas
+            ));
+        }
+        self.engine(0).map(|_| ())?;
+        self.engine(self.replicas - 1).map(|_| ())
+    }
+
+    /// Whether replica `i` prefills for others (see [`SimConfig::prefill_replicas`]).
+    pub(crate) fn prefills(&self, i: usize) -> bool {
+        i < self.prefill_replicas
+    }
+
+    /// Seconds a block takes between replicas in a hand-over: its modelled size over the
+    /// profile's host link (the check refuses a run without one).
+    pub(crate) fn hand_over_seconds_per_block(&self) -> f64 {
+        let bytes = self.profile.model.kv_bytes_per_token * self.block_size as f64;
+        self.profile
+            .host_copy_seconds(bytes as usize)
+            .unwrap_or(0.0)
     }
 
     /// What seeds the block hashes, in the engines and the gateways alike.
@@ -68,8 +99,8 @@ impl SimConfig {
         HashSeed::new(&self.model, None, "")
     }
 
-    /// One replica's engine.
-    pub(crate) fn engine(&self) -> Result<Engine<SimBackend>, String> {
+    /// Replica `i`'s engine (a decode replica has a host tier for the blocks it pulls).
+    pub(crate) fn engine(&self, i: usize) -> Result<Engine<SimBackend>, String> {
         let engine_config = EngineConfig {
             block_size: self.block_size,
             num_blocks: self.num_blocks,
@@ -84,8 +115,18 @@ impl SimConfig {
         if let Some(spec) = &self.speculation {
             engine.enable_speculation(spec.clone())?;
         }
-        if self.offload_bytes > 0 {
-            engine.enable_offload(self.offload_bytes)?;
+        let decodes = self.prefill_replicas > 0 && !self.prefills(i);
+        let offload_bytes = match (self.offload_bytes, decodes) {
+            (0, true) => DECODE_HOST_TIER_BYTES,
+            (bytes, _) => bytes,
+        };
+        if offload_bytes > 0 {
+            engine
+                .enable_offload(offload_bytes)
+                .map_err(|e| match decodes {
+                    true => format!("decode replicas take blocks into a host tier: {e}"),
+                    false => e,
+                })?;
         }
         Ok(engine)
     }

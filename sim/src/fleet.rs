@@ -11,6 +11,7 @@ use crate::tokens;
 use kvgate_bench::{Job, Load, RequestRecord};
 use kvgate_policies::{ReplicaId, ReplicaSpec, ReportAges};
 use kvgate_protocol::telemetry::{KvUpdate, TelemetryReport};
+use kvgate_worker::transfer::TransferBlock;
 use kvgate_worker::{NewRequest, SamplingParams};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
@@ -65,6 +66,10 @@ enum Event {
     Backlog {
         gateway: usize,
     },
+    /// A prompt's blocks reach the decode replica of request `id`, which then starts.
+    HandOver {
+        id: u64,
+    },
 }
 
 /// A job's progress: its turns so far, as token ids (each turn's prompt and answer).
@@ -82,6 +87,11 @@ struct Sent {
     prompt: Vec<u32>,
     max_tokens: u32,
     output: Vec<u32>,
+    /// A prefill leg: the decode leg its prompt's blocks go to once it is done.
+    hand_to: Option<u64>,
+    last_token_us: Option<u64>,
+    /// Gaps between its tokens, in seconds.
+    itl_s: Vec<f64>,
 }
 
 struct Sim<'a> {
@@ -101,6 +111,8 @@ struct Sim<'a> {
     /// Decisions and backlogs between gateways, when they exchange them.
     exchange: Option<Exchange>,
     next_request: u64,
+    /// Blocks on their way to a decode replica, by the decode leg's id.
+    handing_over: HashMap<u64, Vec<TransferBlock>>,
     next_job: usize,
     jobs_done: usize,
     records: Vec<RequestRecord>,
@@ -152,7 +164,7 @@ impl<'a> Sim<'a> {
     ) -> Result<Self, String> {
         let seed = config.hash_seed();
         let replicas = (0..config.replicas)
-            .map(|i| Ok(Replica::new(format!("sim-{i}"), config.engine()?)))
+            .map(|i| Ok(Replica::new(format!("sim-{i}"), config.engine(i)?)))
             .collect::<Result<Vec<_>, String>>()?;
         let ages = ReportAges {
             stale_after_ms: 1_000,
@@ -166,7 +178,10 @@ impl<'a> Sim<'a> {
                     name: r.name.clone(),
                     url: format!("sim://{}", r.name),
                     models: vec![config.model.clone()],
-                    labels: BTreeMap::new(),
+                    labels: match config.prefill_replicas {
+                        0 => BTreeMap::new(),
+                        _ => phase(if config.prefills(i) { PREFILL } else { DECODE }),
+                    },
                     max_in_flight: None,
                 };
                 (ReplicaId(i as u32), spec)
@@ -212,6 +227,7 @@ impl<'a> Sim<'a> {
                 .filter(|_| config.gateways > 1)
                 .map(|ms| Exchange::new(ms, config.gateways)),
             next_request: 0,
+            handing_over: HashMap::new(),
             next_job: 0,
             jobs_done: 0,
             records: Vec::new(),
@@ -265,6 +281,7 @@ impl<'a> Sim<'a> {
                         self.push(at, Event::Backlog { gateway });
                     }
                 }
+                Event::HandOver { id } => self.handed_over(id)?,
                 Event::Sample if running => {
                     self.sample();
                     self.push(at + self.config.sample_interval_ms * 1_000, Event::Sample);
@@ -352,15 +369,13 @@ impl<'a> Sim<'a> {
                 .map(|r| r.first_token_seconds(new_request(id, &prompt, max_tokens), now_us, scale))
                 .collect()
         };
-        let replica = self.gateways[gateway].route(&incoming, &self.served, &first_tokens);
+        let disaggregated = self.config.prefill_replicas > 0;
+        let decode = disaggregated.then(|| phase(DECODE));
+        let replica =
+            self.gateways[gateway].route(&incoming, &self.served, &first_tokens, decode.as_ref());
         self.routes.insert(turn, id, replica);
         self.backlog_changed(gateway);
-        if let (Some(x), Some((to, features))) =
-            (&mut self.exchange, self.gateways[gateway].outbox.take())
-        {
-            let at = x.decided(gateway, to, features, self.now_us);
-            self.push(at, Event::Exchange);
-        }
+        self.share_decision(gateway);
         self.sent.insert(
             id,
             Sent {
@@ -372,15 +387,90 @@ impl<'a> Sim<'a> {
                 prompt,
                 max_tokens,
                 output: Vec::new(),
+                hand_to: None,
+                last_token_us: None,
+                itl_s: Vec::new(),
             },
         );
-        match self.gateway_delay_us(id) {
-            0 => self.arrive(id),
+        let first = match disaggregated
+            && self.sent[&id].prompt.len() >= self.config.pd_min_prompt_tokens
+        {
+            true => self.prefill_leg(id, gateway, turn),
+            false => id,
+        };
+        match self.gateway_delay_us(first) {
+            0 => self.arrive(first),
             delay => {
-                self.push(self.now_us + delay, Event::Arrive { id });
+                self.push(self.now_us + delay, Event::Arrive { id: first });
                 Ok(())
             }
         }
+    }
+
+    /// With the exchange on, gateway `g`'s last decision goes to the others.
+    fn share_decision(&mut self, g: usize) {
+        if let (Some(x), Some((to, features))) =
+            (&mut self.exchange, self.gateways[g].outbox.take())
+        {
+            let at = x.decided(g, to, features, self.now_us);
+            self.push(at, Event::Exchange);
+        }
+    }
+
+    /// Request `id`'s prefill leg, as the gateway's pool sends it: the same prompt, one
+    /// output token, to a prefill replica. Returns its id (the request's, marked).
+    fn prefill_leg(&mut self, id: u64, gateway: usize, turn: Turn) -> u64 {
+        let leg = id | PREFILL_LEG;
+        let decode = &self.sent[&id];
+        let (job, prompt) = (decode.job, decode.prompt.clone());
+        let incoming = Incoming {
+            id: leg,
+            turn,
+            prompt: &prompt,
+            job: &self.jobs[job],
+            now_us: self.now_us,
+        };
+        let pool = phase(PREFILL);
+        let replica =
+            self.gateways[gateway].route(&incoming, &self.served, &|| Vec::new(), Some(&pool));
+        self.backlog_changed(gateway);
+        self.share_decision(gateway);
+        self.sent.insert(
+            leg,
+            Sent {
+                job,
+                gateway,
+                replica,
+                sent_us: self.now_us,
+                first_us: None,
+                prompt,
+                max_tokens: 1,
+                output: Vec::new(),
+                hand_to: Some(id),
+                last_token_us: None,
+                itl_s: Vec::new(),
+            },
+        );
+        leg
+    }
+
+    /// A prefill leg ended: its prompt's blocks leave its replica for the decode leg's,
+    /// arriving after their modelled transfer.
+    fn hand_over(&mut self, leg: Sent, to: u64) {
+        let blocks = self.replicas[leg.replica].export_prompt(&leg.prompt);
+        let transfer_s = blocks.len() as f64 * self.config.hand_over_seconds_per_block();
+        let at = self.now_us + (transfer_s * self.config.time_scale * 1e6) as u64;
+        self.handing_over.insert(to, blocks);
+        self.push(at, Event::HandOver { id: to });
+    }
+
+    /// The blocks reach the decode replica's host tier; the decode leg starts there.
+    fn handed_over(&mut self, id: u64) -> Result<(), String> {
+        let blocks = self.handing_over.remove(&id).unwrap_or_default();
+        if let Some(sent) = self.sent.get(&id) {
+            self.replicas[sent.replica].import_blocks(blocks)?;
+        }
+        self.arrive(id)
     }
 
     fn gateway_delay_us(&self, id: u64) -> u64 {
@@ -407,7 +497,11 @@ impl<'a> Sim<'a> {
             if let Some(sent) = self.sent.remove(&id) {
                 self.gateways[sent.gateway].finished(id, replica);
                 self.backlog_changed(sent.gateway);
-                self.refused(id, &sent, e);
+                match sent.hand_to {
+                    // The decode replica refuses it the same way.
+                    Some(decode) => return self.arrive(decode),
+                    None => self.refused(id, &sent, e),
+                }
             }
             return Ok(());
         }
@@ -437,6 +531,9 @@ impl<'a> Sim<'a> {
             if first {
                 sent.first_us = Some(self.now_us);
                 gateway.first_token(token.id);
+            }
+            if let Some(last) = sent.last_token_us.replace(self.now_us) {
+                sent.itl_s.push((self.now_us - last) as f64 / 1e6);
             }
             gateway.token(token.id);
             sent.output.push(token.token);
@@ -494,6 +591,10 @@ impl<'a> Sim<'a> {
         };
         self.gateways[sent.gateway].finished(id, sent.replica);
         self.backlog_changed(sent.gateway);
+        if let Some(decode) = sent.hand_to {
+            self.hand_over(sent, decode);
+            return Ok(());
+        }
         let at = |us: u64| us as f64 / 1e6;
         let spec = &self.jobs[sent.job];
         self.records.push(RequestRecord {
@@ -503,7 +604,7 @@ impl<'a> Sim<'a> {
             status: 200,
             ttft_s: sent.first_us.map(|f| at(f - sent.sent_us)),
             e2e_s: at(self.now_us - sent.sent_us),
-            itl_s: Vec::new(),
+            itl_s: sent.itl_s,
             prompt_tokens: Some(token.num_prompt_tokens as u64),
             output_tokens: Some(token.num_output_tokens as u64),
             cached_tokens: Some(token.num_cached_tokens as u64),
@@ -562,6 +663,17 @@ impl<'a> Sim<'a> {
             self.timeline.push(r.sample(t_s, i as u32));
         }
     }
+}
+
+/// Marks a prefill leg's id: request ids (a record's index, warm-up by it) stay the requests'.
+const PREFILL_LEG: u64 = 1 << 63;
+const PREFILL: &str = "prefill";
+const DECODE: &str = "decode";
+
+/// The labels of a disaggregated fleet's replicas of one phase (as a gateway's pool names
+/// them).
+fn phase(name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([("phase".to_string(), name.to_string())])
 }
 
 /// A request as the simulated clients send it: the bench's `ignore_eos`, so it generates

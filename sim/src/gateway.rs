@@ -96,12 +96,15 @@ impl Gateway {
     }
 
     /// The replica for a request, counted in flight there. `first_tokens` is what the
-    /// look-ahead knows: when the request's first token would come on each replica.
+    /// look-ahead knows: when the request's first token would come on each replica. With a
+    /// `pool` (a phase of a disaggregated fleet), only replicas with its labels, ranked by
+    /// kvgate's policy (the only router a disaggregated run takes).
     pub fn route(
         &mut self,
         request: &Incoming<'_>,
         served: &Served,
         first_tokens: &dyn Fn() -> Vec<Option<f64>>,
+        pool: Option<&BTreeMap<String, String>>,
     ) -> usize {
         let n = self.in_flight.len();
         let id = request.id;
@@ -109,6 +112,7 @@ impl Gateway {
         let blocks =
             || kvgate_protocol::block_hashes(served.seed, request.prompt, served.block_size);
         let replica = match &mut self.routing {
+            _ if pool.is_some() => self.kvgate(request, served, now_ms, pool),
             Routing::RoundRobin => self.sent % n,
             Routing::LeastLoad => {
                 let load = &self.in_flight;
@@ -152,14 +156,20 @@ impl Gateway {
                 .replica(request.turn)
                 .filter(|&r| r < n)
                 .unwrap_or(request.turn.job % n),
-            Routing::Kvgate => self.kvgate(request, served, now_ms),
+            Routing::Kvgate => self.kvgate(request, served, now_ms, None),
         };
         self.sent += 1;
         self.in_flight[replica] += 1;
         replica
     }
 
-    fn kvgate(&mut self, request: &Incoming<'_>, served: &Served, now_ms: u64) -> usize {
+    fn kvgate(
+        &mut self,
+        request: &Incoming<'_>,
+        served: &Served,
+        now_ms: u64,
+        pool: Option<&BTreeMap<String, String>>,
+    ) -> usize {
         let policy = self.fleet.policy().config();
         let mut features = RequestFeatures::from_tokens(
             request.prompt,
@@ -176,10 +186,10 @@ impl Gateway {
         if let Some(session) = features.session {
             features.ring_key = session;
         }
-        let pool = BTreeMap::new();
+        let any = BTreeMap::new();
         let ask = Ask {
             model: &served.model,
-            pool: &pool,
+            pool: pool.unwrap_or(&any),
             features: &features,
         };
         let n = self.in_flight.len();

@@ -6,6 +6,7 @@ use crate::timeline::ReplicaSample;
 use kvgate_protocol::kv_events::{KvEventBatch, KvSnapshot, KV_EVENTS_VERSION};
 use kvgate_protocol::telemetry::{EngineLoad, KvUpdate, TelemetryReport, TELEMETRY_VERSION};
 use kvgate_worker::backend::sim::SimBackend;
+use kvgate_worker::transfer::TransferBlock;
 use kvgate_worker::{Engine, NewRequest, StepOutput};
 
 pub(crate) struct Replica {
@@ -42,6 +43,17 @@ impl Replica {
 
     pub fn add_request(&mut self, request: NewRequest) -> Result<(), String> {
         self.engine.add_request(request).map_err(|e| e.to_string())
+    }
+
+    /// A prefill replica's side of a hand-over: the blocks of `prompt` it holds, read out.
+    pub fn export_prompt(&mut self, prompt: &[u32]) -> Vec<TransferBlock> {
+        let chain = self.engine.prompt_chain(prompt);
+        self.engine.export_prefix(&chain)
+    }
+
+    /// A decode replica's side: the blocks a prefill replica computed, into its host tier.
+    pub fn import_blocks(&mut self, blocks: Vec<TransferBlock>) -> Result<usize, String> {
+        self.engine.import_blocks(blocks)
     }
 
     /// Computes the next step now; its results count when it ends, at the returned time (each

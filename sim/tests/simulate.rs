@@ -32,6 +32,8 @@ fn config(replicas: usize, gateways: usize) -> SimConfig {
         exchange_delay_ms: None,
         speculation: None,
         offload_bytes: 0,
+        prefill_replicas: 0,
+        pd_min_prompt_tokens: 0,
     }
 }
 
@@ -584,4 +586,71 @@ fn a_host_tier_brings_evicted_prefixes_back_cheaper_than_prefill() {
         ttft(&tiered),
         ttft(&plain)
     );
+}
+
+/// Long random prompts (no shared prefixes) on a fleet of `prefill` prefill replicas out of 4,
+/// and the short ones under `min_prompt` going to decode replicas whole.
+fn disaggregated(prefill: usize, min_prompt: usize) -> Outcome {
+    let workload = Workload::Random {
+        input_mean: 2_048.0,
+        input_sigma: 0.25,
+        output_mean: 32.0,
+        output_sigma: 0.0,
+    };
+    let jobs = workload.jobs(60, 3).unwrap();
+    let mut fleet = config(4, 1);
+    fleet.prefill_replicas = prefill;
+    fleet.pd_min_prompt_tokens = min_prompt;
+    simulate(
+        &fleet,
+        &jobs,
+        Load::Concurrency(8),
+        &Router::Kvgate(Default::default()),
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_disaggregated_fleet_hands_every_prompt_from_a_prefill_replica_to_a_decode_one() {
+    let o = disaggregated(2, 0);
+    assert_eq!(
+        o.records.len(),
+        60,
+        "each request recorded once, its prefill leg not"
+    );
+    for r in &o.records {
+        let replica = r.replica.as_deref().unwrap();
+        assert!(
+            ["sim-2", "sim-3"].contains(&replica),
+            "answered by a decode replica: {replica}"
+        );
+        let full_blocks = (r.prompt_tokens.unwrap() - 1) / 16 * 16;
+        assert_eq!(
+            r.cached_tokens,
+            Some(full_blocks),
+            "every full block handed over"
+        );
+        assert_eq!(r.itl_s.len(), 31, "a gap between each two of its 32 tokens");
+    }
+    let colocated = disaggregated(0, 0);
+    assert_eq!(cached_ratio(&colocated), 0.0, "nothing shared to reuse");
+    assert!(colocated.records.iter().all(|r| r.itl_s.len() == 31));
+}
+
+#[test]
+fn prompts_under_the_pools_minimum_skip_the_prefill_leg() {
+    let o = disaggregated(2, 1_000_000);
+    assert_eq!(o.records.len(), 60);
+    assert_eq!(cached_ratio(&o), 0.0, "computed where they were answered");
+    assert!(o
+        .records
+        .iter()
+        .all(|r| ["sim-2", "sim-3"].contains(&r.replica.as_deref().unwrap())));
+}
+
+#[test]
+fn a_fleet_of_prefill_replicas_alone_is_refused() {
+    let mut fleet = config(2, 1);
+    fleet.prefill_replicas = 2;
+    assert!(fleet.check().unwrap_err().contains("none"));
 }
