@@ -8,10 +8,12 @@ ITL P99 and TTFT P90 and disaggregated over colocated, and draws the ratios agai
 length (crossover.svg).
 
 Backends: `cpu` (SmolLM2 on the CPU backend, 1 thread each; the blocks travel over loopback
-TCP) and `sim` (the H200 / Llama-3.1-8B profile, slowed by --time-scale so that the fleet,
-gateway and load generator share this machine; figures are given in the profile's time).
+TCP), `sim` (real processes on the sim backend, the H200 / Llama-3.1-8B profile, slowed by
+--time-scale so that the fleet, gateway and load generator share this machine; figures are
+given in the profile's time) and `kvgate-sim` (the same fleets in `kvgate sim`'s virtual time,
+`--prefill-replicas`; no processes, so larger fleets).
 
-Usage: bench/pd/run.py [--backend sim|cpu] [--sizes 2,4] [--prompts 256,8192]
+Usage: bench/pd/run.py [--backend sim|cpu|kvgate-sim] [--sizes 2,4] [--prompts 256,8192]
                        [--output 128] [--requests 120] [--time-scale 4] [--out DIR]
 """
 import argparse, json, os, subprocess, sys
@@ -79,6 +81,24 @@ def bench(args, port, size, prompt, out):
             "failed": s["failed"], "cached_ratio": s["cached_token_ratio"]}
 
 
+def simulate(args, mode, size, prompt, out):
+    """The cell in `kvgate sim`: the same fleet, load and workload, in virtual time."""
+    prefill = size // 2 if mode == "disaggregated" else 0
+    subprocess.run([KVGATE, "sim", "--replicas", str(size), "--prefill-replicas", str(prefill),
+                    "--max-model-len", "32768", "--workload", "random",
+                    "--input-mean", str(prompt), "--input-sigma", "0.25",
+                    "--output-mean", str(args.output), "--output-sigma", "0.1",
+                    "--concurrency", str(2 * size), "--requests", str(args.requests),
+                    "--warmup", str(max(2, args.requests // 15)), "--seed", "1",
+                    "--policy", "kvgate", "--quiet", "--out", out], check=True,
+                   stdout=subprocess.DEVNULL)
+    with open(os.path.join(out, "kvgate", "summary.json")) as f:
+        s = json.load(f)
+    return {"itl_p99_ms": 1e3 * s["itl_s"]["p99"], "ttft_p90_ms": 1e3 * s["ttft_s"]["p90"],
+            "itl_p50_ms": 1e3 * s["itl_s"]["p50"], "output_tok_s": s["output_tokens_per_s"],
+            "failed": s["failed"], "cached_ratio": s["cached_token_ratio"]}
+
+
 def plot(rows, path):
     """ITL P99 and TTFT P90, disaggregated over colocated, against prompt length, per size."""
     w, h, pad = 640, 360, 50
@@ -114,7 +134,7 @@ def plot(rows, path):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--backend", choices=["sim", "cpu"], default="sim")
+    ap.add_argument("--backend", choices=["sim", "cpu", "kvgate-sim"], default="sim")
     ap.add_argument("--sizes", default="2,4")
     ap.add_argument("--prompts", default="256,8192")
     ap.add_argument("--output", type=int, default=128)
@@ -129,6 +149,10 @@ def main():
         for prompt in [int(p) for p in args.prompts.split(",")]:
             cell = {"size": size, "prompt": prompt}
             for mode in ("colocated", "disaggregated"):
+                if args.backend == "kvgate-sim":
+                    cell[mode] = simulate(args, mode, size, prompt,
+                                          os.path.join(out, f"{mode}-{size}-{prompt}"))
+                    continue
                 servers = []
                 try:
                     port = start_fleet(args, mode, size, logs, servers)
