@@ -42,32 +42,12 @@ async fn gateway(replicas: &[(&dyn Upstream, &str)], pool: &str) -> Gateway {
     Gateway::start_config(port, admin_port, yaml).await
 }
 
-/// 150 tokens: 9 full blocks of 16 for a decode worker to pull.
-fn prompt(seed: u32, len: u32) -> Vec<u32> {
-    (0..len)
-        .map(|i| 200 + (i * 31 + seed * 977) % 20_000)
-        .collect()
-}
-
 fn body(prompt: &[u32]) -> Value {
     json!({"model": MODEL, "prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 1})
 }
 
-fn cached(r: &Value) -> u64 {
-    r["usage"]["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .unwrap()
-}
-
 async fn pd_requests(gw: &Gateway, flow: &str, path: &str) -> f64 {
-    let m = client()
-        .get(format!("{}/metrics", gw.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = gw.metrics().await;
     let series = format!("kvgate_pd_requests_total{{flow=\"{flow}\",path=\"{path}\"}}");
     metric(&m, &series)
 }
@@ -82,7 +62,7 @@ async fn vllm_flow_answers_as_one_worker_does() {
         SimWorker::start_cpu(&decode)
     );
     let gw = gateway(&[(&p, PREFILL), (&d, DECODE)], "      flow: vllm\n").await;
-    let a = prompt(1, 150);
+    let a = prompt_ids(1, 150);
     let (_, reference) = post(&colocated.url(), "/v1/completions", &body(&a)).await;
     let (status, answer) = post(&gw.url(), "/v1/completions", &body(&a)).await;
     assert_eq!(status, 200, "{answer}");
@@ -91,7 +71,7 @@ async fn vllm_flow_answers_as_one_worker_does() {
         "same tokens, same logprobs"
     );
     assert_eq!(
-        cached(&answer),
+        cached_tokens(&answer),
         144,
         "the prompt came from the prefill replica"
     );
@@ -101,7 +81,7 @@ async fn vllm_flow_answers_as_one_worker_does() {
         "the client sees the decode leg"
     );
 
-    let b = prompt(2, 150);
+    let b = prompt_ids(2, 150);
     let (_, reference) = post(&colocated.url(), "/v1/completions", &body(&b)).await;
     let mut streamed = body(&b);
     streamed["stream"] = json!(true);
@@ -134,18 +114,19 @@ async fn a_dead_prefill_replica_is_passed_over_and_a_dead_pool_leaves_the_prompt
     .await;
     p1.proc.kill();
     for seed in 0..4 {
-        let (status, answer) = post(&gw.url(), "/v1/completions", &body(&prompt(seed, 150))).await;
+        let (status, answer) =
+            post(&gw.url(), "/v1/completions", &body(&prompt_ids(seed, 150))).await;
         assert_eq!(status, 200, "{answer}");
         assert_eq!(
-            cached(&answer),
+            cached_tokens(&answer),
             144,
             "the live prefill replica took it: {answer}"
         );
     }
     p2.proc.kill();
-    let (status, answer) = post(&gw.url(), "/v1/completions", &body(&prompt(9, 150))).await;
+    let (status, answer) = post(&gw.url(), "/v1/completions", &body(&prompt_ids(9, 150))).await;
     assert_eq!(status, 200, "{answer}");
-    assert_eq!(cached(&answer), 0, "computed by the decode replica");
+    assert_eq!(cached_tokens(&answer), 0, "computed by the decode replica");
     assert_eq!(pd_requests(&gw, "vllm", "fallback").await, 1.0);
 }
 
@@ -157,26 +138,13 @@ async fn short_prompts_skip_the_prefill_leg_and_refusals_pass_through() {
     );
     let pool = "      flow: vllm\n      min_prompt_tokens: 100\n";
     let gw = gateway(&[(&p, PREFILL), (&d, DECODE)], pool).await;
-    let (status, answer) = post(&gw.url(), "/v1/completions", &body(&prompt(1, 20))).await;
+    let (status, answer) = post(&gw.url(), "/v1/completions", &body(&prompt_ids(1, 20))).await;
     assert_eq!(status, 200, "{answer}");
-    let requests = |w: &SimWorker| {
-        let url = w.url();
-        async move {
-            let m = client()
-                .get(format!("{url}/metrics"))
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
-            metric(&m, "kvgate_worker_requests_total")
-        }
-    };
-    assert_eq!(requests(&p).await, 0.0, "no prefill leg for a short prompt");
+    let requests = metric(&p.metrics().await, "kvgate_worker_requests_total");
+    assert_eq!(requests, 0.0, "no prefill leg for a short prompt");
     assert_eq!(pd_requests(&gw, "vllm", "decode_only").await, 1.0);
     // A client's own hand-over never reaches a replica: none pulls from where it says.
-    let mut forged = body(&prompt(3, 20));
+    let mut forged = body(&prompt_ids(3, 20));
     forged["kv_transfer_params"] = json!({"do_remote_prefill": true,
         "remote_host": "127.0.0.1", "remote_port": free_port(), "transfer_id": "00000000000000ff"});
     let (status, answer) = post(&gw.url(), "/v1/completions", &forged).await;
@@ -184,7 +152,7 @@ async fn short_prompts_skip_the_prefill_leg_and_refusals_pass_through() {
     let m = d.metrics().await;
     let unreachable = r#"kvgate_worker_kv_transfer_failures_total{reason="unreachable"}"#;
     assert_eq!(metric(&m, unreachable), 0.0, "{m}");
-    let mut refused = body(&prompt(2, 150));
+    let mut refused = body(&prompt_ids(2, 150));
     refused["echo"] = json!(true);
     let (status, answer) = post(&gw.url(), "/v1/completions", &refused).await;
     assert_eq!(status, 400, "{answer}");

@@ -24,9 +24,7 @@ const CPU: [&str; 6] = [
 
 /// 150 tokens: 9 full blocks of 16 a decode worker can take.
 fn prompt(seed: u32) -> Vec<u32> {
-    (0..150)
-        .map(|i| 200 + (i * 31 + seed * 977) % 20_000)
-        .collect()
+    prompt_ids(seed, 150)
 }
 
 fn body(prompt: &[u32]) -> Value {
@@ -63,12 +61,6 @@ async fn decode_leg(d: &SimWorker, prompt: &[u32], params: Value) -> Value {
     complete(d, &leg).await
 }
 
-fn cached(r: &Value) -> u64 {
-    r["usage"]["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .unwrap()
-}
-
 /// Every block back in the pool and no transfer waiting.
 async fn nothing_held(w: &SimWorker) {
     let m = w.metrics().await;
@@ -93,7 +85,11 @@ async fn prefill_then_decode_answers_as_one_worker_does() {
         answer["choices"], reference["choices"],
         "same tokens, same logprobs"
     );
-    assert_eq!(cached(&answer), 144, "the 9 pulled blocks count as cached");
+    assert_eq!(
+        cached_tokens(&answer),
+        144,
+        "the 9 pulled blocks count as cached"
+    );
     let offload = d.get("/stats").await["engine"]["offload"].clone();
     assert_eq!(offload["imported_blocks"], 9, "{offload}");
     assert_eq!(offload["loaded_blocks"], 9, "{offload}");
@@ -109,7 +105,7 @@ async fn prefill_then_decode_answers_as_one_worker_does() {
     let reference = complete(&colocated, &body(&b)).await;
     let answer = decode_leg(&d, &b, params).await;
     assert_eq!(answer["choices"], reference["choices"]);
-    assert_eq!(cached(&answer), 0);
+    assert_eq!(cached_tokens(&answer), 0);
     let stale = r#"kvgate_worker_kv_transfer_failures_total{reason="unknown_transfer"}"#;
     assert_eq!(metric(&d.metrics().await, stale), 1.0);
 }
@@ -127,7 +123,7 @@ async fn a_prefill_worker_killed_before_the_pull_costs_a_recompute_only() {
     p.proc.kill();
     let answer = decode_leg(&d, &a, params).await;
     assert_eq!(answer["choices"], reference["choices"]);
-    assert_eq!(cached(&answer), 0);
+    assert_eq!(cached_tokens(&answer), 0);
     let m = d.metrics().await;
     let unreachable = r#"kvgate_worker_kv_transfer_failures_total{reason="unreachable"}"#;
     assert_eq!(metric(&m, unreachable), 1.0, "{m}");
@@ -221,7 +217,11 @@ async fn corrupted_wrongly_sized_or_silent_transfers_are_computed_instead() {
             "{reason}: the decode worker waited past its deadline"
         );
         assert_eq!(answer["choices"], reference["choices"], "{reason}");
-        assert_eq!(cached(&answer), 0, "{reason}: nothing wrong is served");
+        assert_eq!(
+            cached_tokens(&answer),
+            0,
+            "{reason}: nothing wrong is served"
+        );
         let series = format!("kvgate_worker_kv_transfer_failures_total{{reason=\"{reason}\"}}");
         assert_eq!(metric(&d.metrics().await, &series), 1.0, "{reason}");
     }
@@ -274,7 +274,7 @@ async fn sim_workers_hand_over_prompts_too() {
     let a = prompt(5);
     let params = prefill_leg(&p, &a).await;
     let answer = decode_leg(&d, &a, params).await;
-    assert_eq!(cached(&answer), 144, "{answer}");
+    assert_eq!(cached_tokens(&answer), 144, "{answer}");
     nothing_held(&p).await;
     nothing_held(&d).await;
 }

@@ -543,3 +543,18 @@ pub fn children(pid: u32) -> Vec<u32> {
         })
         .collect()
 }
+
+/// `len` token ids of a synthetic prompt, different for each `seed`: ordinary vocabulary, no
+/// special tokens, nothing shared between seeds.
+pub fn prompt_ids(seed: u32, len: u32) -> Vec<u32> {
+    (0..len)
+        .map(|i| 200 + (i * 31 + seed * 977) % 20_000)
+        .collect()
+}
+
+/// The prompt tokens a response's `usage` counts as cached.
+pub fn cached_tokens(response: &serde_json::Value) -> u64 {
+    response["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap()
+}

@@ -1,6 +1,8 @@
 //! The event loop: arrivals, engine steps, agents' reports and their delivery, in virtual
 //! microseconds.
 
+mod handover;
+
 use crate::config::SimConfig;
 use crate::exchange::Exchange;
 use crate::gateway::{Gateway, Incoming, Served};
@@ -8,6 +10,7 @@ use crate::replica::Replica;
 use crate::routers::{Router, Routes, Turn};
 use crate::timeline::Timeline;
 use crate::tokens;
+use handover::{phase, DECODE, PREFILL};
 use kvgate_bench::{Job, Load, RequestRecord};
 use kvgate_policies::{ReplicaId, ReplicaSpec, ReportAges};
 use kvgate_protocol::telemetry::{KvUpdate, TelemetryReport};
@@ -92,6 +95,31 @@ struct Sent {
     last_token_us: Option<u64>,
     /// Gaps between its tokens, in seconds.
     itl_s: Vec<f64>,
+}
+
+impl Sent {
+    fn new(
+        job: usize,
+        gateway: usize,
+        replica: usize,
+        sent_us: u64,
+        prompt: Vec<u32>,
+        max_tokens: u32,
+    ) -> Sent {
+        Sent {
+            job,
+            gateway,
+            replica,
+            sent_us,
+            first_us: None,
+            prompt,
+            max_tokens,
+            output: Vec::new(),
+            hand_to: None,
+            last_token_us: None,
+            itl_s: Vec::new(),
+        }
+    }
 }
 
 struct Sim<'a> {
@@ -376,22 +404,8 @@ impl<'a> Sim<'a> {
         self.routes.insert(turn, id, replica);
         self.backlog_changed(gateway);
         self.share_decision(gateway);
-        self.sent.insert(
-            id,
-            Sent {
-                job,
-                gateway,
-                replica,
-                sent_us: self.now_us,
-                first_us: None,
-                prompt,
-                max_tokens,
-                output: Vec::new(),
-                hand_to: None,
-                last_token_us: None,
-                itl_s: Vec::new(),
-            },
-        );
+        let sent = Sent::new(job, gateway, replica, self.now_us, prompt, max_tokens);
+        self.sent.insert(id, sent);
         let first = match disaggregated
             && self.sent[&id].prompt.len() >= self.config.pd_min_prompt_tokens
         {
@@ -415,62 +429,6 @@ impl<'a> Sim<'a> {
             let at = x.decided(g, to, features, self.now_us);
             self.push(at, Event::Exchange);
         }
-    }
-
-    /// Request `id`'s prefill leg, as the gateway's pool sends it: the same prompt, one
-    /// output token, to a prefill replica. Returns its id (the request's, marked).
-    fn prefill_leg(&mut self, id: u64, gateway: usize, turn: Turn) -> u64 {
-        let leg = id | PREFILL_LEG;
-        let decode = &self.sent[&id];
-        let (job, prompt) = (decode.job, decode.prompt.clone());
-        let incoming = Incoming {
-            id: leg,
-            turn,
-            prompt: &prompt,
-            job: &self.jobs[job],
-            now_us: self.now_us,
-        };
-        let pool = phase(PREFILL);
-        let replica =
-            self.gateways[gateway].route(&incoming, &self.served, &|| Vec::new(), Some(&pool));
-        self.backlog_changed(gateway);
-        self.share_decision(gateway);
-        self.sent.insert(
-            leg,
-            Sent {
-                job,
-                gateway,
-                replica,
-                sent_us: self.now_us,
-                first_us: None,
-                prompt,
-                max_tokens: 1,
-                output: Vec::new(),
-                hand_to: Some(id),
-                last_token_us: None,
-                itl_s: Vec::new(),
-            },
-        );
-        leg
-    }
-
-    /// A prefill leg ended: its prompt's blocks leave its replica for the decode leg's,
-    /// arriving after their modelled transfer.
-    fn hand_over(&mut self, leg: Sent, to: u64) {
-        let blocks = self.replicas[leg.replica].export_prompt(&leg.prompt);
-        let transfer_s = blocks.len() as f64 * self.config.hand_over_seconds_per_block();
-        let at = self.now_us + (transfer_s * self.config.time_scale * 1e6) as u64;
-        self.handing_over.insert(to, blocks);
-        self.push(at, Event::HandOver { id: to });
-    }
-
-    /// The blocks reach the decode replica's host tier; the decode leg starts there.
-    fn handed_over(&mut self, id: u64) -> Result<(), String> {
-        let blocks = self.handing_over.remove(&id).unwrap_or_default();
-        if let Some(sent) = self.sent.get(&id) {
-            self.replicas[sent.replica].import_blocks(blocks)?;
-        }
-        self.arrive(id)
     }
 
     fn gateway_delay_us(&self, id: u64) -> u64 {
@@ -663,17 +621,6 @@ impl<'a> Sim<'a> {
             self.timeline.push(r.sample(t_s, i as u32));
         }
     }
-}
-
-/// Marks a prefill leg's id: request ids (a record's index, warm-up by it) stay the requests'.
-const PREFILL_LEG: u64 = 1 << 63;
-const PREFILL: &str = "prefill";
-const DECODE: &str = "decode";
-
-/// The labels of a disaggregated fleet's replicas of one phase (as a gateway's pool names
-/// them).
-fn phase(name: &str) -> BTreeMap<String, String> {
-    BTreeMap::from([("phase".to_string(), name.to_string())])
 }
 
 /// A request as the simulated clients send it: the bench's `ignore_eos`, so it generates
