@@ -110,6 +110,11 @@ enum Command {
         /// Each worker's offload tier, in MiB (as `kvgate worker`'s).
         #[arg(long, default_value_t = 0)]
         kv_offload_mib: usize,
+        /// Prefill/decode disaggregation: the first this many workers `--role prefill`, the
+        /// rest `--role decode`, and the gateway's pool hands every prompt from one to the
+        /// other (vLLM's flow). 0: every worker serves requests whole.
+        #[arg(long, default_value_t = 0)]
+        prefill_workers: usize,
         #[command(flatten)]
         spec: spec_cli::SpecArgs,
     },
@@ -380,6 +385,7 @@ fn run(command: Command) -> Result<(), String> {
             model,
             served_model_name,
             kv_offload_mib,
+            prefill_workers,
             spec,
         } => {
             // Checked here, so that a bad flag is one error rather than one per worker.
@@ -407,6 +413,7 @@ fn run(command: Command) -> Result<(), String> {
                 model,
                 served_model_name,
                 worker_args,
+                prefill_workers,
             })
         }
         Command::Worker {

@@ -22,6 +22,19 @@ pub struct UpConfig {
     pub served_model_name: String,
     /// More flags for every worker (speculative decoding's).
     pub worker_args: Vec<String>,
+    /// The first this many workers prefill for the rest (0: every worker serves whole).
+    pub prefill_workers: usize,
+}
+
+impl UpConfig {
+    /// Worker `i`'s role in a disaggregated fleet.
+    fn role(&self, i: usize) -> Option<&'static str> {
+        match self.prefill_workers {
+            0 => None,
+            k if i < k => Some("prefill"),
+            _ => Some("decode"),
+        }
+    }
 }
 
 /// How long the fleet may take to come up (loading a model takes a few seconds).
@@ -35,6 +48,12 @@ pub fn run(config: UpConfig) -> Result<(), String> {
         return Err(format!(
             "--workers must be between 1 and 64, got {}",
             config.workers
+        ));
+    }
+    if config.prefill_workers > 0 && config.prefill_workers >= config.workers {
+        return Err(format!(
+            "--prefill-workers {} leaves none of the {} workers to decode",
+            config.prefill_workers, config.workers
         ));
     }
     let worker_ports = (0..config.workers)
@@ -235,10 +254,19 @@ fn gateway_yaml(
     let replicas: String = ports
         .iter()
         .enumerate()
-        .map(|(i, port)| format!("  - url: \"http://127.0.0.1:{port}\"\n    id: \"worker-{i}\"\n"))
+        .map(|(i, port)| {
+            let labels = config
+                .role(i)
+                .map_or_else(String::new, |r| format!("    labels: {{{r}: \"yes\"}}\n"));
+            format!("  - url: \"http://127.0.0.1:{port}\"\n    id: \"worker-{i}\"\n{labels}")
+        })
         .collect();
+    let pool = match config.prefill_workers {
+        0 => "",
+        _ => "disaggregation:\n  pools:\n    - flow: vllm\n      prefill: {prefill: \"yes\"}\n      decode: {decode: \"yes\"}\n",
+    };
     format!(
-        "listen: \"127.0.0.1:{}\"\nadmin_listen: \"127.0.0.1:{}\"\nadmin_token_file: \"{}\"\nreplicas:\n{replicas}agents:\n  token_file: \"{}\"\n  join: static\ntokenizers:\n  - model: \"{}\"\n    path: \"{}\"\n",
+        "listen: \"127.0.0.1:{}\"\nadmin_listen: \"127.0.0.1:{}\"\nadmin_token_file: \"{}\"\nreplicas:\n{replicas}{pool}agents:\n  token_file: \"{}\"\n  join: static\ntokenizers:\n  - model: \"{}\"\n    path: \"{}\"\n",
         config.port,
         config.admin_port,
         admin_token.display(),
@@ -283,6 +311,9 @@ fn agent_args(
     .collect();
     if config.backend == "cpu" {
         args.extend(["--threads".into(), config.threads.to_string()]);
+    }
+    if let Some(role) = config.role(i) {
+        args.extend(["--role".into(), role.into()]);
     }
     args.extend(config.worker_args.iter().cloned());
     args

@@ -19,6 +19,10 @@ struct Up {
 }
 
 fn start_up(workers: u16) -> Up {
+    start_up_with(workers, &[])
+}
+
+fn start_up_with(workers: u16, extra: &[&str]) -> Up {
     let (port, admin_port) = (free_port(), free_port());
     let first_worker = free_ports(workers);
     let mut cmd = kvgate();
@@ -26,7 +30,8 @@ fn start_up(workers: u16) -> Up {
         .args(["--port", &port.to_string()])
         .args(["--admin-port", &admin_port.to_string()])
         .args(["--first-worker-port", &first_worker.to_string()])
-        .args(["--served-model-name", MODEL]);
+        .args(["--served-model-name", MODEL])
+        .args(extra);
     Up {
         proc: spawn(cmd, &format!("up-{port}")),
         port,
@@ -90,6 +95,37 @@ async fn assert_nothing_left(root: u32, what: &str) {
     }
 }
 
+/// Waits until the gateway lists `n` workers, available and fresh.
+async fn wait_ready(up: &Up, n: usize) {
+    let admin = format!("http://127.0.0.1:{}", up.admin_port);
+    wait_ok(&format!("{admin}/health")).await;
+    let dir = private_dir(up.port).expect("the private directory");
+    let token = std::fs::read_to_string(dir.join("admin-token")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let v: serde_json::Value = client()
+            .get(format!("{admin}/admin/replicas"))
+            .bearer_auth(token.trim())
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let ready = v["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["available"] == true && r["freshness"] == "fresh")
+            .count();
+        if ready == n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "fleet not up: {v:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kvgate_up_runs_a_fleet_under_agents_and_stops_it() {
     let mut up = start_up(2);
@@ -111,26 +147,7 @@ async fn kvgate_up_runs_a_fleet_under_agents_and_stops_it() {
         r.send()
     };
     assert_eq!(replicas(None).await.unwrap().status(), 401);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let v: serde_json::Value = replicas(Some(token.trim().into()))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let ready = v["replicas"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|r| r["available"] == true && r["freshness"] == "fresh")
-            .count();
-        if ready == 2 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "fleet not up: {v:#}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_ready(&up, 2).await;
     let gateway = format!("http://127.0.0.1:{}", up.port);
     for i in 0..4 {
         let a = send(
@@ -256,5 +273,48 @@ async fn a_taken_port_fails_at_once_with_its_name() {
     assert!(
         stderr.contains("admin_listen") && stderr.contains(&port.to_string()),
         "{stderr}"
+    );
+}
+
+/// `--prefill-workers`: the first worker prefills, the second decodes, and a prompt reaches
+/// the decode worker's cache from the prefill worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disaggregated_fleet_hands_prompts_to_its_decode_workers() {
+    let mut up = start_up_with(2, &["--prefill-workers", "1"]);
+    wait_ready(&up, 2).await;
+    let gateway = format!("http://127.0.0.1:{}", up.port);
+    let body = serde_json::json!({"model": MODEL, "prompt": prompt_ids(1, 150), "max_tokens": 4});
+    let (status, answer) = post(&gateway, "/v1/completions", &body).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        cached_tokens(&answer),
+        144,
+        "the prompt came from the prefill worker"
+    );
+    let pid = up.proc.child.id();
+    up.proc.signal("TERM");
+    assert_nothing_left(pid, "after SIGTERM").await;
+    assert!(up.proc.exits().success());
+}
+
+#[test]
+fn a_fleet_of_prefill_workers_alone_is_refused() {
+    let out = kvgate()
+        .args([
+            "up",
+            "--workers",
+            "2",
+            "--prefill-workers",
+            "2",
+            "--backend",
+            "sim",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains("leaves none of the 2 workers to decode"),
+        "{text}"
     );
 }
