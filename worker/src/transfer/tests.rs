@@ -169,3 +169,23 @@ async fn the_prefill_side_refuses_bad_requests() {
         .unwrap();
     assert!(wire::read_wanted(&mut &too_many[..], 3).await.is_err());
 }
+
+proptest::proptest! {
+    /// Whatever bytes a peer sends, every read ends in a value or an error, never a panic,
+    /// and a read never takes more than the bytes it was given plus its fixed header.
+    #[test]
+    fn arbitrary_bytes_are_read_or_refused(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..2048)) {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        runtime.block_on(async {
+            let _ = wire::read_request(&mut &bytes[..]).await;
+            let _ = wire::read_wanted(&mut &bytes[..], MAX_BLOCKS).await;
+            if let Ok(Some(hashes)) = wire::read_hashes(&mut &bytes[..]).await {
+                proptest::prop_assert!(hashes.len() * 8 + 5 <= bytes.len());
+            }
+            if let Ok(block) = wire::read_block(&mut &bytes[..]).await {
+                proptest::prop_assert!(block.data.len() + 20 <= bytes.len());
+            }
+            Ok(())
+        })?;
+    }
+}

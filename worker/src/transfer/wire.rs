@@ -9,6 +9,8 @@ pub const STATUS_UNKNOWN: u8 = 1;
 pub const MAX_BLOCKS: usize = 65_536;
 /// Largest block either side accepts: bounds what one read may allocate.
 pub const MAX_BLOCK_BYTES: usize = 64 << 20;
+/// Entries reserved ahead of what has arrived.
+const PREALLOCATED: usize = 4096;
 
 pub async fn write_request(w: &mut (impl AsyncWrite + Unpin), id: u64) -> std::io::Result<()> {
     let mut out = Vec::with_capacity(12);
@@ -53,7 +55,8 @@ pub async fn read_hashes(r: &mut (impl AsyncRead + Unpin)) -> std::io::Result<Op
         STATUS_UNKNOWN => return Ok(None),
         _ => return Err(invalid("unknown transfer status")),
     }
-    let mut hashes = Vec::with_capacity(n);
+    // Grown as hashes arrive: a count alone reserves little.
+    let mut hashes = Vec::with_capacity(n.min(PREALLOCATED));
     for _ in 0..n {
         hashes.push(r.read_u64().await?);
     }
@@ -78,7 +81,7 @@ pub async fn read_wanted(r: &mut (impl AsyncRead + Unpin), n: usize) -> std::io:
     if k > n {
         return Err(invalid("more blocks wanted than the transfer holds"));
     }
-    let mut wanted = Vec::with_capacity(k);
+    let mut wanted = Vec::with_capacity(k.min(PREALLOCATED));
     for _ in 0..k {
         let i = r.read_u32().await?;
         if i as usize >= n || wanted.last().is_some_and(|&last| last >= i) {
@@ -118,8 +121,15 @@ pub async fn read_block(r: &mut (impl AsyncRead + Unpin)) -> std::io::Result<Rec
     if len > MAX_BLOCK_BYTES {
         return Err(invalid("a block larger than allowed"));
     }
-    let mut data = vec![0u8; len];
-    r.read_exact(&mut data).await?;
+    // Read into what arrives, not a buffer of the announced length.
+    let mut data = Vec::with_capacity(len.min(PREALLOCATED * 64));
+    r.take(len as u64).read_to_end(&mut data).await?;
+    if data.len() < len {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "a block cut short",
+        ));
+    }
     let intact = checksum(&data) == sum;
     Ok(ReceivedBlock { hash, data, intact })
 }
