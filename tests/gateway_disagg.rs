@@ -98,6 +98,23 @@ async fn vllm_flow_answers_as_one_worker_does() {
         "the decode replica streams"
     );
     assert_eq!(pd_requests(&gw, "vllm", "prefill_decode").await, 2.0);
+
+    // Explain ranks each leg within its phase.
+    let explained: Value = client()
+        .post(format!("{}/admin/explain", gw.admin()))
+        .json(&body(&a))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let names = |leg: &str| -> Vec<Value> {
+        let candidates = explained[leg]["candidates"].as_array().unwrap();
+        candidates.iter().map(|c| c["replica"].clone()).collect()
+    };
+    assert_eq!(names("prefill"), [json!(Upstream::id(&p))], "{explained:#}");
+    assert_eq!(names("decode"), [json!(Upstream::id(&d))], "{explained:#}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,6 +4,7 @@
 
 use crate::gateway::Gateway;
 use crate::peers::PEER_PATH;
+use crate::proxy::disagg::phase_class;
 use crate::proxy::request;
 use crate::proxy::respond;
 use async_trait::async_trait;
@@ -225,7 +226,22 @@ fn explain(gateway: &Gateway, body: &[u8]) -> (u16, Vec<u8>) {
         if let Some(c) = &class {
             routed.features.weights = Some(c.weights.clone());
         }
-        gateway.explain(&routed.model, &routed.features, class.as_deref())
+        let pool = snap.config.disaggregation.as_ref();
+        let Some(pool) = pool.and_then(|d| d.pool(&routed.model)) else {
+            return gateway.explain(&routed.model, &routed.features, class.as_deref());
+        };
+        // A prefill/decode pool: each leg's ranking, within its phase.
+        let phase = |name: &str, labels| {
+            let narrowed = phase_class(class.as_ref(), name, labels, &snap);
+            gateway.explain(&routed.model, &routed.features, Some(&narrowed))
+        };
+        let wants_prefill = routed.features.prompt_tokens >= pool.min_prompt_tokens;
+        let prefill = match wants_prefill {
+            true => Some(phase("prefill", &pool.prefill)?),
+            false => None,
+        };
+        let decode = phase("decode", &pool.decode)?;
+        Ok(serde_json::json!({ "model": routed.model, "prefill": prefill, "decode": decode }))
     });
     match result {
         Ok(v) => (200, json(&v)),

@@ -2,7 +2,7 @@
 
 mod answer_end;
 mod body;
-mod disagg;
+pub(crate) mod disagg;
 mod forward;
 pub mod header;
 pub mod request;
