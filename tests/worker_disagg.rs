@@ -127,6 +127,12 @@ async fn a_prefill_worker_killed_before_the_pull_costs_a_recompute_only() {
     let m = d.metrics().await;
     let unreachable = r#"kvgate_worker_kv_transfer_failures_total{reason="unreachable"}"#;
     assert_eq!(metric(&m, unreachable), 1.0, "{m}");
+    // A host that does not resolve costs the same, within the deadline.
+    let params = json!({"do_remote_prefill": true, "remote_host": "kvgate-no-such-host.invalid",
+        "remote_port": 1, "transfer_id": "00000000000000ff"});
+    let answer = decode_leg(&d, &a, params).await;
+    assert_eq!(answer["choices"], reference["choices"]);
+    assert_eq!(metric(&d.metrics().await, unreachable), 2.0);
     nothing_held(&d).await;
 }
 

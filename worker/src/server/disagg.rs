@@ -101,11 +101,11 @@ impl Disagg {
 }
 
 /// Which leg of a disaggregated request this is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Leg {
     Whole,
     Prefill,
-    Decode { from: SocketAddr, id: u64 },
+    Decode { host: String, port: u16, id: u64 },
 }
 
 fn invalid(message: String) -> ApiError {
@@ -113,7 +113,7 @@ fn invalid(message: String) -> ApiError {
 }
 
 /// The leg `params` ask for, checked against this worker's role and the request's shape.
-pub async fn leg(
+pub fn leg(
     disagg: Option<&Disagg>,
     params: Option<&Value>,
     stream: bool,
@@ -158,19 +158,34 @@ pub async fn leg(
         .map_err(|_| invalid(format!("transfer_id must be 16 hex digits, got `{id}`")))?;
     let port =
         u16::try_from(port).map_err(|_| invalid(format!("remote_port {port} is not a port")))?;
-    let from = tokio::net::lookup_host((host, port))
-        .await
-        .ok()
-        .and_then(|mut addrs| addrs.next())
-        .ok_or_else(|| invalid(format!("remote_host `{host}` does not resolve")))?;
-    Ok(Leg::Decode { from, id })
+    Ok(Leg::Decode {
+        host: host.to_string(),
+        port,
+        id,
+    })
 }
 
-/// A decode leg's pull: the prompt's blocks this worker lacks, from the prefill worker that
-/// computed them, into the host tier, within the deadline. Never fails the request.
-pub async fn pull_prefix(ctx: &Context, prompt: &[u32], from: SocketAddr, id: u64) {
+/// A decode leg's pull: the prompt's blocks this worker lacks, from the prefill worker at
+/// `host:port` that computed them, into the host tier, within the deadline (the name's
+/// lookup included). Never fails the request.
+pub async fn pull_prefix(ctx: &Context, prompt: &[u32], host: &str, port: u16, id: u64) {
     let Some(disagg) = &ctx.disagg else { return };
     let metrics = &ctx.shared.metrics;
+    let started = Instant::now();
+    let lookup = tokio::time::timeout(disagg.pull_timeout, tokio::net::lookup_host((host, port)));
+    let Some(from) = lookup
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .and_then(|mut a| a.next())
+    else {
+        metrics
+            .transfer_failures
+            .with_label_values(&["unreachable"])
+            .inc();
+        tracing::warn!(%host, "the prefill worker's host does not resolve: computing the prompt");
+        return;
+    };
     let (tx, rx) = oneshot::channel();
     let held = Command::Held {
         prompt: prompt.to_vec(),
@@ -180,16 +195,8 @@ pub async fn pull_prefix(ctx: &Context, prompt: &[u32], from: SocketAddr, id: u6
         return;
     }
     let Ok((chain, held)) = rx.await else { return };
-    let started = Instant::now();
-    let pulled = transfer::pull(
-        from,
-        id,
-        &chain,
-        &held,
-        disagg.pull_timeout,
-        disagg.max_pull_bytes,
-    )
-    .await;
+    let left = disagg.pull_timeout.saturating_sub(started.elapsed());
+    let pulled = transfer::pull(from, id, &chain, &held, left, disagg.max_pull_bytes).await;
     metrics
         .transfer_seconds
         .observe(started.elapsed().as_secs_f64());

@@ -163,12 +163,12 @@ async fn generate(
         Err(e) => return error(&e),
     };
     let transfer = prepared.kv_transfer_params.as_ref();
-    let leg = match disagg::leg(ctx.disagg.as_ref(), transfer, prepared.stream, prepared.n).await {
+    let leg = match disagg::leg(ctx.disagg.as_ref(), transfer, prepared.stream, prepared.n) {
         Ok(leg) => leg,
         Err(e) => return error(&e),
     };
-    if let Leg::Decode { from, id } = leg {
-        disagg::pull_prefix(&ctx, &prepared.prompt, from, id).await;
+    if let Leg::Decode { host, port, id } = &leg {
+        disagg::pull_prefix(&ctx, &prepared.prompt, host, *port, *id).await;
     }
     let choices = match Choices::start(&ctx, &prepared).await {
         Ok(c) => c,
