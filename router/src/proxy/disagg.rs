@@ -154,21 +154,9 @@ impl HandOver<'_> {
     }
 
     async fn prefill_leg(&self, replica: &Replica, leg: Bytes) -> Result<Value, LegError> {
-        let timeout = Duration::from_millis(self.snapshot.config.timeouts.first_byte_ms);
-        let headers = [
-            ("content-type", "application/json"),
-            ("x-request-id", self.request_id),
-        ];
-        let answer = crate::client::call(
-            &self.gateway.connector,
-            &replica.upstream,
-            "POST",
-            self.endpoint.path(),
-            &headers,
-            Some(leg),
-            timeout,
-        )
-        .await;
+        let (gateway, snapshot) = (self.gateway, self.snapshot);
+        let path = self.endpoint.path();
+        let answer = send_leg(gateway, snapshot, replica, path, self.request_id, leg).await;
         let failed = |kind: &str, why: String| {
             self.gateway
                 .metrics
@@ -232,21 +220,7 @@ impl HandOver<'_> {
         let (leg, request_id) = (body.clone(), self.request_id.to_string());
         let in_flight = route.first;
         tokio::spawn(async move {
-            let timeout = Duration::from_millis(snapshot.config.timeouts.first_byte_ms);
-            let headers = [
-                ("content-type", "application/json"),
-                ("x-request-id", request_id.as_str()),
-            ];
-            let answer = crate::client::call(
-                &gateway.connector,
-                &replica.upstream,
-                "POST",
-                path,
-                &headers,
-                Some(leg),
-                timeout,
-            )
-            .await;
+            let answer = send_leg(&gateway, &snapshot, &replica, path, &request_id, leg).await;
             drop(in_flight);
             if let Err(e) = answer {
                 tracing::warn!(replica = %replica.name, error = %e, "sglang prefill leg failed");
@@ -272,6 +246,33 @@ impl HandOver<'_> {
             .with_label_values(&[flow, path])
             .inc();
     }
+}
+
+/// A prefill leg to `replica`, answered whole within the first-byte timeout.
+async fn send_leg(
+    gateway: &Gateway,
+    snapshot: &Snapshot,
+    replica: &Replica,
+    path: &str,
+    request_id: &str,
+    leg: Bytes,
+) -> Result<(u16, Bytes), String> {
+    let timeout = Duration::from_millis(snapshot.config.timeouts.first_byte_ms);
+    let headers = [
+        ("content-type", "application/json"),
+        ("x-request-id", request_id),
+    ];
+    let connector = &gateway.connector;
+    crate::client::call(
+        connector,
+        &replica.upstream,
+        "POST",
+        path,
+        &headers,
+        Some(leg),
+        timeout,
+    )
+    .await
 }
 
 fn to_bytes(request: &Map<String, Value>) -> Bytes {
