@@ -11,15 +11,6 @@ use common::*;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
-const CPU: [&str; 6] = [
-    "--threads",
-    "1",
-    "--kv-cache-mib",
-    "64",
-    "--max-model-len",
-    "512",
-];
-
 const PREFILL: &str = "{prefill: \"yes\"}";
 const DECODE: &str = "{decode: \"yes\"}";
 
@@ -54,10 +45,10 @@ async fn pd_requests(gw: &Gateway, flow: &str, path: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllm_flow_answers_as_one_worker_does() {
-    let with_role = |r: &'static str| [&CPU[..], &["--role", r]].concat();
+    let with_role = |r: &'static str| [&CPU_SMALL_CONTEXT[..], &["--role", r]].concat();
     let (prefill, decode) = (with_role("prefill"), with_role("decode"));
     let (colocated, p, d) = tokio::join!(
-        SimWorker::start_cpu(&CPU),
+        SimWorker::start_cpu(&CPU_SMALL_CONTEXT),
         SimWorker::start_cpu(&prefill),
         SimWorker::start_cpu(&decode)
     );

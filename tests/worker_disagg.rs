@@ -13,15 +13,6 @@ use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const CPU: [&str; 6] = [
-    "--threads",
-    "1",
-    "--kv-cache-mib",
-    "64",
-    "--max-model-len",
-    "512",
-];
-
 /// 150 tokens: 9 full blocks of 16 a decode worker can take.
 fn prompt(seed: u32) -> Vec<u32> {
     prompt_ids(seed, 150)
@@ -32,7 +23,7 @@ fn body(prompt: &[u32]) -> Value {
 }
 
 async fn cpu_worker(role: Option<&str>, extra: &[&str]) -> SimWorker {
-    let mut flags = CPU.to_vec();
+    let mut flags = CPU_SMALL_CONTEXT.to_vec();
     if let Some(role) = role {
         flags.extend(["--role", role]);
     }

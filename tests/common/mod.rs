@@ -558,3 +558,14 @@ pub fn cached_tokens(response: &serde_json::Value) -> u64 {
         .as_u64()
         .unwrap()
 }
+
+/// A CPU worker on one thread with a 64 MiB KV cache and a 512-token context: room for a
+/// few short prompts, quick to start.
+pub const CPU_SMALL_CONTEXT: [&str; 6] = [
+    "--threads",
+    "1",
+    "--kv-cache-mib",
+    "64",
+    "--max-model-len",
+    "512",
+];

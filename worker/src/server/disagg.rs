@@ -62,9 +62,8 @@ pub struct DisaggConfig {
 /// The HTTP side's part: the prefill side's store and listener, the decode side's limits.
 pub struct Disagg {
     role: Role,
-    store: Arc<TransferStore>,
-    /// The transfer listener's address (a prefill role's).
-    listening: Option<SocketAddr>,
+    /// A prefill role's: the prompts kept for their pulls, and where decode workers pull.
+    serving: Option<(Arc<TransferStore>, SocketAddr)>,
     pull_timeout: Duration,
     /// Most bytes one pull takes: the host tier's size, where pulled blocks land.
     max_pull_bytes: usize,
@@ -73,18 +72,17 @@ pub struct Disagg {
 impl Disagg {
     /// Starts the transfer listener of a prefill role on the current runtime.
     pub async fn start(config: &DisaggConfig, host_tier_bytes: usize) -> Result<Disagg, String> {
-        let store = Arc::new(TransferStore::new(config.store_bytes, config.store_ttl));
-        let mut listening = None;
+        let mut serving = None;
         if config.role.prefills() {
+            let store = Arc::new(TransferStore::new(config.store_bytes, config.store_ttl));
             let server = TransferServer::bind(config.transfer_addr).await?;
-            listening = Some(server.local_addr());
             tracing::info!(addr = %server.local_addr(), "serving prompts' KV blocks to decode workers");
-            tokio::spawn(transfer::serve(server, Arc::clone(&store)));
+            serving = Some((Arc::clone(&store), server.local_addr()));
+            tokio::spawn(transfer::serve(server, store));
         }
         Ok(Disagg {
             role: config.role,
-            store,
-            listening,
+            serving,
             pull_timeout: config.pull_timeout,
             max_pull_bytes: host_tier_bytes,
         })
@@ -94,7 +92,10 @@ impl Disagg {
 impl Disagg {
     /// The transfers waiting for their pulls, into `metrics`.
     pub fn record_waiting(&self, metrics: &super::metrics::Metrics) {
-        let (transfers, bytes) = self.store.usage();
+        let Some((store, _)) = &self.serving else {
+            return;
+        };
+        let (transfers, bytes) = store.usage();
         metrics.transfers_waiting.set(transfers as i64);
         metrics.transfers_waiting_bytes.set(bytes as i64);
     }
@@ -239,8 +240,7 @@ pub async fn pull_prefix(ctx: &Context, prompt: &[u32], host: &str, port: u16, i
 /// one pull, and where. `local_ip` is the address the request reached this worker at, said
 /// when the listener is on every interface.
 pub async fn offer(ctx: &Context, prompt: &[u32], body: Vec<u8>, local_ip: IpAddr) -> Vec<u8> {
-    let Some((disagg, listening)) = ctx.disagg.as_ref().and_then(|d| Some((d, d.listening?)))
-    else {
+    let Some((store, listening)) = ctx.disagg.as_ref().and_then(|d| d.serving.as_ref()) else {
         return body;
     };
     let (tx, rx) = oneshot::channel();
@@ -255,7 +255,7 @@ pub async fn offer(ctx: &Context, prompt: &[u32], body: Vec<u8>, local_ip: IpAdd
     let count = blocks.len();
     // Nothing to pull (a prompt under one block): the decode leg computes it.
     let id = (count > 0)
-        .then(|| disagg.store.keep(Transfer { blocks }, Instant::now()))
+        .then(|| store.keep(Transfer { blocks }, Instant::now()))
         .flatten();
     let params = match id {
         Some(id) => {

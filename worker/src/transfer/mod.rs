@@ -23,7 +23,6 @@ mod wire;
 pub use pull::{pull, PullError, Pulled};
 pub use serve::{serve, TransferServer};
 pub use store::TransferStore;
-pub use wire::{MAX_BLOCKS, MAX_BLOCK_BYTES};
 
 use std::sync::Arc;
 

@@ -178,7 +178,7 @@ proptest::proptest! {
         let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
         runtime.block_on(async {
             let _ = wire::read_request(&mut &bytes[..]).await;
-            let _ = wire::read_wanted(&mut &bytes[..], MAX_BLOCKS).await;
+            let _ = wire::read_wanted(&mut &bytes[..], wire::MAX_BLOCKS).await;
             if let Ok(Some(hashes)) = wire::read_hashes(&mut &bytes[..]).await {
                 proptest::prop_assert!(hashes.len() * 8 + 5 <= bytes.len());
             }
