@@ -230,6 +230,10 @@ enum Command {
         /// Share of requests answered 200 with an event stream that is not an OpenAI one.
         #[arg(long, default_value_t = 0.0)]
         garbage_rate: f64,
+        /// Start each streamed token chunk with `: sent_ns=N` (an SSE comment: the wall clock
+        /// in nanoseconds when it was sent), to measure a proxy's delay per chunk.
+        #[arg(long)]
+        stamp_chunks: bool,
     },
 }
 
@@ -538,6 +542,7 @@ fn run(command: Command) -> Result<(), String> {
             disconnect_rate,
             disconnect_after,
             garbage_rate,
+            stamp_chunks,
         } => {
             let faults = kvgate_testkit::Faults {
                 first_token_delay_ms,
@@ -556,6 +561,7 @@ fn run(command: Command) -> Result<(), String> {
                 model,
                 seed,
                 faults,
+                stamp_chunks,
             };
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)

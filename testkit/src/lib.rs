@@ -26,6 +26,8 @@ use tokio::sync::mpsc;
 
 /// Largest request body the worker reads.
 const MAX_BODY: usize = 64 << 20;
+/// How long an injected disconnect waits for the tokens before it to be sent.
+const DISCONNECT_AFTER_SENT: Duration = Duration::from_millis(20);
 /// Request bodies kept for `GET /received`, the latest ones.
 const RECEIVED: usize = 64;
 
@@ -37,6 +39,10 @@ pub struct WorkerConfig {
     /// Seeds the fault draws.
     pub seed: u64,
     pub faults: Faults,
+    /// Each streamed token chunk starts with an SSE comment `: sent_ns=N`, N the wall clock in
+    /// nanoseconds since the Unix epoch when the chunk was handed to the connection: what a
+    /// proxy's delay per chunk is measured by.
+    pub stamp_chunks: bool,
 }
 
 #[derive(Default)]
@@ -88,6 +94,8 @@ pub async fn serve(config: WorkerConfig) -> std::io::Result<()> {
     tracing::info!(addr = %state.config.addr, id = %state.config.id, "fault-injection worker listening");
     loop {
         let (stream, _) = listener.accept().await?;
+        // Streams are many small writes: Nagle's algorithm would hold each behind the last ACK.
+        let _ = stream.set_nodelay(true);
         let state = Arc::clone(&state);
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| handle(Arc::clone(&state), req));
@@ -283,20 +291,30 @@ async fn stream(
     active: Active,
 ) {
     let counters = &active.0.counters;
+    let stamp = active.0.config.stamp_chunks;
     let send = |text: String| tx.send(Ok(Frame::data(Bytes::from(text))));
-    tokio::time::sleep(first).await;
+    // A zero sleep still waits for the timer's next tick (a millisecond).
+    if !first.is_zero() {
+        tokio::time::sleep(first).await;
+    }
     for (i, token) in job.tokens.iter().enumerate() {
-        if i > 0 {
+        if i > 0 && !gap.is_zero() {
             tokio::time::sleep(gap).await;
         }
         if cut == Some(i) {
-            // Abort the connection mid-stream.
+            // Abort the connection mid-stream, once the tokens sent so far are out: an abort
+            // resets the connection, and a reset drops what the peer has not read yet.
+            tokio::time::sleep(DISCONNECT_AFTER_SENT).await;
             let _ = tx
                 .send(Err(std::io::Error::other("injected disconnect")))
                 .await;
             return;
         }
-        if send(job.chunk(Some(token), None)).await.is_err() {
+        let mut chunk = job.chunk(Some(token), None);
+        if stamp {
+            chunk.insert_str(0, &format!(": sent_ns={}\n", unix_nanos()));
+        }
+        if send(chunk).await.is_err() {
             counters.cancelled.fetch_add(1, Ordering::AcqRel);
             return;
         }
@@ -311,6 +329,12 @@ async fn stream(
     } else {
         counters.cancelled.fetch_add(1, Ordering::AcqRel);
     }
+}
+
+fn unix_nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
 }
 
 fn json(status: u16, value: serde_json::Value) -> Reply {
