@@ -96,4 +96,14 @@ impl PromptModel {
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
         self.segments.encode(&self.tokenizer, text)
     }
+
+    /// As [`PromptModel::encode`] while the text found in no cache comes to at most `budget`
+    /// bytes (see [`SegmentCache::encode_within`]); `None` otherwise.
+    pub fn encode_within(
+        &self,
+        text: &str,
+        budget: &mut usize,
+    ) -> Result<Option<Vec<u32>>, TokenizerError> {
+        self.segments.encode_within(&self.tokenizer, text, budget)
+    }
 }

@@ -22,6 +22,20 @@ impl PromptModel {
         r: &GenerationRequest,
         context_length: usize,
     ) -> Result<(Vec<u32>, &'static str), ApiError> {
+        self.prompt_ids_within(endpoint, r, context_length, usize::MAX)?
+            .ok_or_else(|| ApiError::new(ErrorKind::Internal, "unbounded tokenization stopped"))
+    }
+
+    /// As [`PromptModel::prompt_ids`] while the prompt's text found in no cache comes to at
+    /// most `budget` bytes; `None` as soon as more would have to be tokenized (a caller on a
+    /// thread that must not stall hands the request to one that may).
+    pub fn prompt_ids_within(
+        &self,
+        endpoint: Endpoint,
+        r: &GenerationRequest,
+        context_length: usize,
+        mut budget: usize,
+    ) -> Result<Option<(Vec<u32>, &'static str)>, ApiError> {
         let max_tokens = context_length.saturating_sub(1);
         let max_bytes = max_tokens.saturating_mul(self.tokenizer.max_token_bytes());
         let fits = |bytes: usize, param: &str| {
@@ -36,9 +50,9 @@ impl PromptModel {
                 param,
             ))
         };
-        let encode = |text: &str, param: &str| {
+        let mut encode = |text: &str, param: &str| {
             fits(text.len(), param)?;
-            self.encode(text)
+            self.encode_within(text, &mut budget)
                 .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))
         };
         let tokens = |ids: &[u32]| {
@@ -48,7 +62,7 @@ impl PromptModel {
                     format!("token id {bad} is outside the vocabulary (size {vocab})"),
                     "prompt",
                 )),
-                None => Ok(ids.to_vec()),
+                None => Ok(Some(ids.to_vec())),
             }
         };
         let (ids, param) = match (endpoint, &r.messages, &r.prompt) {
@@ -91,6 +105,9 @@ impl PromptModel {
             }
             _ => return Err(invalid("missing field `prompt`".into(), "prompt")),
         };
+        let Some(ids) = ids else {
+            return Ok(None);
+        };
         if ids.is_empty() {
             return Err(invalid("the prompt is empty".into(), param));
         }
@@ -103,6 +120,6 @@ impl PromptModel {
                 param,
             ));
         }
-        Ok((ids, param))
+        Ok(Some((ids, param)))
     }
 }

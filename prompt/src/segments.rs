@@ -21,6 +21,17 @@ pub struct SegmentCache {
     cache: Mutex<Generations>,
 }
 
+/// Takes `bytes` from `budget` if it holds that many.
+fn spend(budget: &mut usize, bytes: usize) -> bool {
+    match budget.checked_sub(bytes) {
+        Some(left) => {
+            *budget = left;
+            true
+        }
+        None => false,
+    }
+}
+
 /// Two generations approximate LRU: hits in the old one move to the young one, and when the
 /// young one is full the old one is dropped.
 #[derive(Default)]
@@ -52,8 +63,26 @@ impl SegmentCache {
 
     /// Ids of `text` with added-token text parsed, equal to `tokenizer.encode(text, true)`.
     pub fn encode(&self, tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        let mut unbounded = usize::MAX;
+        Ok(self
+            .encode_within(tokenizer, text, &mut unbounded)?
+            .unwrap_or_default())
+    }
+
+    /// As [`SegmentCache::encode`] while the text it finds in no cache comes to at most
+    /// `budget` bytes (what is tokenized is taken from it); `None` as soon as a segment would
+    /// exceed it, before that segment is tokenized.
+    pub fn encode_within(
+        &self,
+        tokenizer: &Tokenizer,
+        text: &str,
+        budget: &mut usize,
+    ) -> Result<Option<Vec<u32>>, TokenizerError> {
         let Some(added) = &self.added else {
-            return tokenizer.encode(text, true);
+            if !spend(budget, text.len()) {
+                return Ok(None);
+            }
+            return tokenizer.encode(text, true).map(Some);
         };
         let bytes = text.as_bytes();
         let mut ids = Vec::with_capacity(text.len() / 3);
@@ -69,7 +98,9 @@ impl SegmentCache {
             match found {
                 Some((t, id)) => {
                     // An added token starts with a whole character, so `i` is a boundary.
-                    self.encode_segment(tokenizer, &text[start..i], &mut ids)?;
+                    if !self.encode_segment(tokenizer, &text[start..i], &mut ids, budget)? {
+                        return Ok(None);
+                    }
                     ids.push(*id);
                     i += t.len();
                     start = i;
@@ -77,31 +108,42 @@ impl SegmentCache {
                 None => i += 1,
             }
         }
-        self.encode_segment(tokenizer, &text[start..], &mut ids)?;
-        Ok(ids)
+        if !self.encode_segment(tokenizer, &text[start..], &mut ids, budget)? {
+            return Ok(None);
+        }
+        Ok(Some(ids))
     }
 
+    /// Appends `segment`'s ids; false, with nothing appended, when it is not cached and
+    /// longer than what is left of `budget`.
     fn encode_segment(
         &self,
         tokenizer: &Tokenizer,
         segment: &str,
         ids: &mut Vec<u32>,
-    ) -> Result<(), TokenizerError> {
+        budget: &mut usize,
+    ) -> Result<bool, TokenizerError> {
         if segment.len() < MIN_CACHED_BYTES {
+            if !spend(budget, segment.len()) {
+                return Ok(false);
+            }
             if !segment.is_empty() {
                 ids.extend(tokenizer.encode(segment, true)?);
             }
-            return Ok(());
+            return Ok(true);
         }
         let key = xxh3_128(segment.as_bytes());
         if let Some(hit) = self.lookup(key) {
             ids.extend_from_slice(&hit);
-            return Ok(());
+            return Ok(true);
+        }
+        if !spend(budget, segment.len()) {
+            return Ok(false);
         }
         let fresh: Arc<[u32]> = tokenizer.encode(segment, true)?.into();
         ids.extend_from_slice(&fresh);
         self.insert(key, fresh);
-        Ok(())
+        Ok(true)
     }
 
     fn lookup(&self, key: u128) -> Option<Arc<[u32]>> {
@@ -142,16 +184,22 @@ mod tests {
     use super::*;
     use crate::tokenizer::Tokenizer;
 
-    /// A two-generation cache keeps what is used and drops what is not.
-    #[test]
-    fn the_old_generation_goes_when_the_young_fills() -> Result<(), String> {
-        let json = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,"pre_tokenizer":null,"post_processor":null,"decoder":null,"model":{"type":"WordLevel","vocab":{"a":0},"unk_token":"a"}}"#;
-        let dir = std::env::temp_dir().join(format!("kvgate-seg-{}", std::process::id()));
+    /// A word-level tokenizer whose every segment is one token (0), with `<s>` (1) added.
+    fn one_token_per_segment(name: &str) -> Result<Tokenizer, String> {
+        let json = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[{"id":1,"content":"<s>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}],"normalizer":null,"pre_tokenizer":null,"post_processor":null,"decoder":null,"model":{"type":"WordLevel","vocab":{"a":0,"<s>":1},"unk_token":"a"}}"#;
+        let dir = std::env::temp_dir().join(format!("kvgate-seg-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).ok();
         let path = dir.join("tokenizer.json");
         std::fs::write(&path, json).ok();
         let (tokenizer, _) = Tokenizer::from_json_file(&path).map_err(|e| e.to_string())?;
         std::fs::remove_dir_all(&dir).ok();
+        Ok(tokenizer)
+    }
+
+    /// A two-generation cache keeps what is used and drops what is not.
+    #[test]
+    fn the_old_generation_goes_when_the_young_fills() -> Result<(), String> {
+        let tokenizer = one_token_per_segment("generations")?;
         let cache = SegmentCache::new(&tokenizer, 4);
         let seg = |c: char| c.to_string().repeat(MIN_CACHED_BYTES);
         for c in ['x', 'y', 'z'] {
@@ -159,6 +207,44 @@ mod tests {
         }
         // Capacity 4: the young generation turns old after 3 tokens; one hit moves back.
         assert!(cache.cached_tokens() <= 3, "{}", cache.cached_tokens());
+        Ok(())
+    }
+
+    /// Within a budget only text found in no cache counts, and a text over it is refused
+    /// before anything of it is tokenized or cached.
+    #[test]
+    fn a_budget_counts_only_the_text_no_cache_holds() -> Result<(), String> {
+        let tokenizer = one_token_per_segment("budget")?;
+        let cache = SegmentCache::new(&tokenizer, 1 << 20);
+        let system = "x".repeat(4 * MIN_CACHED_BYTES);
+        let user = "y".repeat(2 * MIN_CACHED_BYTES);
+        let text = format!("{system}<s>{user}<s>ok");
+        let within = |text: &str, budget: usize| {
+            let mut left = budget;
+            let ids = cache.encode_within(&tokenizer, text, &mut left);
+            (ids.map_err(|e| e.to_string()), left)
+        };
+        assert_eq!(within(&text, 3 * MIN_CACHED_BYTES).0?, None);
+        assert_eq!(
+            cache.cached_tokens(),
+            0,
+            "nothing cached from a refused text"
+        );
+        cache
+            .encode(&tokenizer, &format!("{system}<s>"))
+            .map_err(|e| e.to_string())?;
+        let (ids, left) = within(&text, 3 * MIN_CACHED_BYTES);
+        assert_eq!(ids?, Some(vec![0, 1, 0, 1, 0]));
+        assert_eq!(left, MIN_CACHED_BYTES - 2, "the user text and `ok` spent");
+        let other = format!("{system}<s>{}<s>ok", "z".repeat(2 * MIN_CACHED_BYTES));
+        let over = within(&other, 2 * MIN_CACHED_BYTES + 1).0?;
+        assert_eq!(over, None, "`ok` is one byte over");
+        let whole = cache.encode(&tokenizer, &text).map_err(|e| e.to_string())?;
+        assert_eq!(
+            within(&text, 2).0?,
+            Some(whole),
+            "the same ids once all is cached"
+        );
         Ok(())
     }
 }

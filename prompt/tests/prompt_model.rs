@@ -186,3 +186,74 @@ fn token_ids_outside_the_vocabulary_are_refused_in_every_layout() {
         );
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+    /// Within a budget the ids are the tokenizer's own, or none when the text is larger
+    /// than the budget (only text no cache holds is counted).
+    #[test]
+    fn within_a_budget_the_ids_are_the_whole_ones_or_none(
+        parts in prop::collection::vec(0..PIECES.len(), 0..24),
+        budget in 0usize..300,
+    ) {
+        let text: String = parts.iter().map(|&i| PIECES[i]).collect();
+        let m = model();
+        let whole = m.tokenizer.encode(&text, true).unwrap();
+        let mut left = budget;
+        match m.encode_within(&text, &mut left).unwrap() {
+            Some(ids) => {
+                prop_assert_eq!(&ids, &whole, "{:?}", text);
+                prop_assert!(budget - left <= text.len());
+            }
+            None => prop_assert!(text.len() > budget, "{} bytes refused within {}", text.len(), budget),
+        }
+    }
+}
+
+/// A new user turn behind a system prompt seen before is tokenized within a small budget;
+/// the first request, whose system prompt no cache holds yet, is not.
+#[test]
+fn a_new_turn_behind_a_cached_system_prompt_fits_a_small_budget() {
+    use kvgate_protocol::openai::{Endpoint, GenerationRequest};
+    let m = model();
+    let system = PIECES[14].repeat(100);
+    let chat = |n: u32| {
+        let body = serde_json::json!({"model": "m", "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": format!("Question {n}: say ok.")}]});
+        GenerationRequest::parse(Endpoint::Chat, body.to_string().as_bytes()).unwrap()
+    };
+    let budget = 2 << 10;
+    assert!(m
+        .prompt_ids_within(Endpoint::Chat, &chat(1), 8192, budget)
+        .unwrap()
+        .is_none());
+    let (first, _) = m.prompt_ids(Endpoint::Chat, &chat(1), 8192).unwrap();
+    let within = m
+        .prompt_ids_within(Endpoint::Chat, &chat(2), 8192, budget)
+        .unwrap();
+    let (second, _) = within.expect("only the new turn is tokenized");
+    assert_eq!(
+        second,
+        m.tokenizer
+            .encode(
+                &m.template
+                    .as_ref()
+                    .unwrap()
+                    .render(&[
+                        TemplateMessage {
+                            role: "system".into(),
+                            content: system.clone()
+                        },
+                        TemplateMessage {
+                            role: "user".into(),
+                            content: "Question 2: say ok.".into()
+                        },
+                    ])
+                    .unwrap(),
+                true
+            )
+            .unwrap()
+    );
+    assert_eq!(first.len(), second.len());
+}

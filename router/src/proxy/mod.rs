@@ -389,10 +389,15 @@ impl ProxyApp {
     }
 }
 
-/// Bodies up to this size are parsed and tokenized in place; larger ones on a blocking thread,
-/// since a cold prompt of some thousand tokens takes milliseconds, which would hold up every
-/// other request on this thread, and a hand-off costs more than a small body does.
-const PARSE_IN_PLACE_BYTES: usize = 16 << 10;
+/// Bodies up to this size are parsed in place, larger ones on a blocking thread: parsing a
+/// body takes time in proportion to its size, and Pingora runs one runtime per thread, so work
+/// in place holds up every other connection on the thread; a hand-off costs two thread wake-ups.
+const PARSE_IN_PLACE_BYTES: usize = 64 << 10;
+
+/// Token mode: at most this much prompt text found in no tokenization cache is tokenized in
+/// place (a new user turn behind a cached system prompt); a prompt needing more goes to a
+/// blocking thread, since tokenizing a cold long prompt takes milliseconds.
+const TOKENIZE_IN_PLACE_BYTES: usize = 2 << 10;
 
 impl ProxyApp {
     async fn parse(
@@ -403,17 +408,19 @@ impl ProxyApp {
         session_id: Option<Vec<u8>>,
     ) -> Result<request::RoutedRequest, ApiError> {
         let now_ms = self.gateway.now_ms();
-        let parse = move |snap: &Snapshot, body: &[u8]| {
+        let parse = move |snap: &Snapshot, body: &[u8], budget: usize| {
             let cx = request::ParseContext {
                 policy: &snap.config.policy,
                 tokenizers: &snap.tokenizers,
                 session_header: session_id.as_deref(),
                 now_ms,
             };
-            request::parse(endpoint, body, &cx)
+            request::parse_within(endpoint, body, &cx, budget)
         };
         if body.len() <= PARSE_IN_PLACE_BYTES {
-            return parse(snapshot, body);
+            if let Some(routed) = parse(snapshot, body, TOKENIZE_IN_PLACE_BYTES)? {
+                return Ok(routed);
+            }
         }
         let stopping = || ApiError::new(ErrorKind::Unavailable, "the gateway is stopping");
         let _slot = self
@@ -423,9 +430,10 @@ impl ProxyApp {
             .await
             .map_err(|_| stopping())?;
         let (snap, body) = (Arc::clone(snapshot), body.clone());
-        tokio::task::spawn_blocking(move || parse(&snap, &body))
+        tokio::task::spawn_blocking(move || parse(&snap, &body, usize::MAX))
             .await
-            .map_err(|_| stopping())?
+            .map_err(|_| stopping())??
+            .ok_or_else(|| ApiError::new(ErrorKind::Internal, "unbounded tokenization stopped"))
     }
 
     /// Answers a request the gateway turns down itself.

@@ -3,7 +3,7 @@
 use crate::tokenizers::{TokenMode, TokenModes};
 use kvgate_policies::{PolicyConfig, RequestFeatures};
 use kvgate_protocol::openai::{Endpoint, GenerationRequest, Prompt};
-use kvgate_protocol::{text_chunk_hashes, ApiError, HashSeed};
+use kvgate_protocol::{text_chunk_hashes, ApiError, ErrorKind, HashSeed};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 #[derive(Debug, Clone)]
@@ -32,6 +32,18 @@ pub fn parse(
     body: &[u8],
     cx: &ParseContext<'_>,
 ) -> Result<RoutedRequest, ApiError> {
+    parse_within(endpoint, body, cx, usize::MAX)?
+        .ok_or_else(|| ApiError::new(ErrorKind::Internal, "unbounded tokenization stopped"))
+}
+
+/// As [`parse`] while a token-mode prompt's text found in no tokenization cache comes to at
+/// most `tokenize_budget` bytes; `None` when more would have to be tokenized.
+pub fn parse_within(
+    endpoint: Endpoint,
+    body: &[u8],
+    cx: &ParseContext<'_>,
+    tokenize_budget: usize,
+) -> Result<Option<RoutedRequest>, ApiError> {
     let request = GenerationRequest::parse(endpoint, body)?;
     let session = cx
         .session_header
@@ -39,10 +51,13 @@ pub fn parse(
         .or(request.user.as_deref().map(str::as_bytes))
         .map(|key| RequestFeatures::session_key(&request.model, key));
     let features = match cx.tokenizers.get(&request.model) {
-        Some(mode) => token_features(mode, endpoint, &request, cx.policy)?,
+        Some(mode) => match token_features(mode, endpoint, &request, cx.policy, tokenize_budget)? {
+            Some(features) => features,
+            None => return Ok(None),
+        },
         None => features(&request.model, &text_of(endpoint, &request), cx.policy),
     };
-    Ok(RoutedRequest {
+    Ok(Some(RoutedRequest {
         features: RequestFeatures {
             // A session's turns extend one prefix: its id places it on the ring, so sessions
             // that share only a system prompt spread over the fleet instead of all following
@@ -54,7 +69,7 @@ pub fn parse(
         },
         max_output_tokens: request.max_output_tokens(),
         model: request.model,
-    })
+    }))
 }
 
 /// Token-mode features: the prompt's block hashes, and the ring key from its first
@@ -64,16 +79,20 @@ fn token_features(
     endpoint: Endpoint,
     request: &GenerationRequest,
     policy: &PolicyConfig,
-) -> Result<RequestFeatures, ApiError> {
-    let (ids, _) = mode
-        .prompt
-        .prompt_ids(endpoint, request, mode.context_length)?;
-    Ok(RequestFeatures::from_tokens(
+    tokenize_budget: usize,
+) -> Result<Option<RequestFeatures>, ApiError> {
+    let prompt = &mode.prompt;
+    let Some((ids, _)) =
+        prompt.prompt_ids_within(endpoint, request, mode.context_length, tokenize_budget)?
+    else {
+        return Ok(None);
+    };
+    Ok(Some(RequestFeatures::from_tokens(
         &ids,
         mode.seed,
         mode.config.block_size,
         policy.ring_key_chunks,
-    ))
+    )))
 }
 
 /// The text hashed in text mode: chat messages' roles and contents, or the prompt.
