@@ -26,6 +26,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Instant;
+use thread_local::ThreadLocal;
 
 pub struct Gateway {
     config_path: Option<PathBuf>,
@@ -41,7 +42,11 @@ pub struct Gateway {
     next_request: AtomicU64,
     pub admission: Admission,
     pub metrics: Metrics,
-    pub connector: Connector,
+    /// Opens upstream connections, one per thread: see [`Gateway::connector`].
+    connectors: ThreadLocal<Connector>,
+    /// Idle connections to the replicas, per thread, for proxied requests.
+    pub idle: crate::idle_pool::IdlePool,
+    connector_options: ConnectorOptions,
     /// Large request bodies parsed (and tokenized) at once, each on a blocking thread.
     pub parse_slots: tokio::sync::Semaphore,
     /// Requests in flight and the grace period of a stop.
@@ -86,13 +91,13 @@ impl Gateway {
             .map(|tls| crate::tls::Certificate::load(tls).map(Arc::new))
             .transpose()
             .map_err(|message| config_error("tls", message))?;
-        let connector = Connector::new(Some(ConnectorOptions {
+        let connector_options = ConnectorOptions {
             ca_file: config
                 .upstream_ca_file
                 .as_ref()
                 .map(|p| p.display().to_string()),
             ..ConnectorOptions::new(UPSTREAM_POOL)
-        }));
+        };
         let gateway = Gateway {
             config_path,
             current: RwLock::new(Arc::new(Snapshot {
@@ -109,7 +114,9 @@ impl Gateway {
             next_request: AtomicU64::new(0),
             admission: Admission::default(),
             metrics,
-            connector,
+            connectors: ThreadLocal::new(),
+            idle: Default::default(),
+            connector_options,
             parse_slots: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(1, |n| n.get()),
             ),
@@ -120,6 +127,14 @@ impl Gateway {
         };
         gateway.sync_fleet_members();
         Ok(gateway)
+    }
+
+    /// This thread's upstream connector. A connection is registered with the runtime of the
+    /// thread that opened it, and each of its reads is dispatched there: a pool shared between
+    /// threads would hand a request connections whose every read wakes another thread.
+    pub fn connector(&self) -> &Connector {
+        self.connectors
+            .get_or(|| Connector::new(Some(self.connector_options.clone())))
     }
 
     pub fn snapshot(&self) -> Arc<Snapshot> {
@@ -595,5 +610,5 @@ fn ejection(health: &config::HealthConfig) -> Ejection {
     }
 }
 
-/// Idle connections kept per upstream (Pingora's default).
+/// Idle connections kept per upstream and thread (Pingora's default).
 const UPSTREAM_POOL: usize = 128;

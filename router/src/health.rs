@@ -36,7 +36,7 @@ impl BackgroundService for HealthChecker {
                 checks.spawn(async move {
                     let timeout = Duration::from_millis(health.timeout_ms);
                     let passed = matches!(
-                        get(&gateway.connector, &replica, &health.path, timeout).await,
+                        get(gateway.connector(), &replica, &health.path, timeout).await,
                         Ok((200..=299, _))
                     );
                     if !passed {
@@ -64,7 +64,7 @@ impl BackgroundService for HealthChecker {
 }
 
 async fn discover_models(gateway: &Gateway, replica: &Replica, timeout: Duration) {
-    match get(&gateway.connector, replica, "/v1/models", timeout).await {
+    match get(gateway.connector(), replica, "/v1/models", timeout).await {
         Ok((200, body)) => match serde_json::from_slice::<ModelList>(&body) {
             Ok(list) => gateway
                 .set_discovered_models(replica, list.data.into_iter().map(|m| m.id).collect()),

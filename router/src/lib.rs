@@ -11,6 +11,7 @@ pub mod config;
 mod drain;
 mod gateway;
 mod health;
+mod idle_pool;
 mod in_flight;
 mod metrics;
 mod peers;

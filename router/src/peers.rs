@@ -329,7 +329,7 @@ async fn push_all(
             ];
             let result = match &up {
                 Ok(up) => {
-                    let connector = &gateway.connector;
+                    let connector = gateway.connector();
                     crate::client::call(
                         connector,
                         up,

@@ -3,6 +3,7 @@
 use bytes::{Bytes, BytesMut};
 use kvgate_protocol::{ApiError, ErrorKind};
 use pingora_core::protocols::http::ServerSession;
+use pingora_timeout::fast_timeout::fast_timeout;
 
 pub enum BodyError {
     /// Over the limit: answer 413 and close the connection (the rest is unread).
@@ -21,7 +22,7 @@ pub async fn read_body(
     timeout_ms: u64,
 ) -> Result<Bytes, BodyError> {
     let deadline = std::time::Duration::from_millis(timeout_ms);
-    match tokio::time::timeout(deadline, read_within(session, limit)).await {
+    match fast_timeout(deadline, read_within(session, limit)).await {
         Ok(read) => read,
         Err(_) => Err(BodyError::TooSlow(ApiError::new(
             ErrorKind::RequestTimeout,

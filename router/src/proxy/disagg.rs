@@ -262,7 +262,7 @@ async fn send_leg(
         ("content-type", "application/json"),
         ("x-request-id", request_id),
     ];
-    let connector = &gateway.connector;
+    let connector = gateway.connector();
     crate::client::call(
         connector,
         &replica.upstream,

@@ -10,16 +10,19 @@ use super::respond;
 use crate::gateway::{Gateway, Route, Snapshot};
 use crate::in_flight::InFlight;
 use crate::replica::Replica;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use kvgate_policies::{Candidate, FailureOutcome, RequestFeatures};
 use kvgate_protocol::openai::Endpoint;
 use kvgate_protocol::{ApiError, ErrorKind};
-use pingora_core::connectors::http::Connector;
 use pingora_core::protocols::http::client::HttpSession;
+use pingora_core::protocols::http::v1::client::HttpSession as Http1Session;
 use pingora_core::protocols::http::ServerSession;
-use pingora_core::upstreams::peer::HttpPeer;
+use pingora_core::upstreams::peer::{HttpPeer, Peer};
 use pingora_core::ErrorType;
 use pingora_http::{RequestHeader, ResponseHeader};
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 /// Headers that describe one connection, not the message: never forwarded.
@@ -148,8 +151,7 @@ impl Forward<'_> {
             Duration::from_millis(timeouts.connect_ms),
             Some(Duration::from_millis(timeouts.pool_idle_ms)),
         );
-        let connector = &self.gateway.connector;
-        let mut upstream = match self.send(connector, &peer, client, replica).await {
+        let mut upstream = match self.send(&peer, client, replica).await {
             Ok(upstream) => upstream,
             Err(attempt) => return attempt,
         };
@@ -199,29 +201,39 @@ impl Forward<'_> {
             .stream_body(client, &mut upstream, replica, in_flight, status < 500)
             .await;
         if outcome == Outcome::Complete && upstream.response_done() {
-            connector
-                .release_http_session(
-                    upstream,
-                    &peer,
-                    Some(Duration::from_millis(timeouts.pool_idle_ms)),
-                )
-                .await;
+            if let HttpSession::H1(mut h1) = upstream {
+                h1.respect_keepalive();
+                if let Some(stream) = h1.reuse().await {
+                    let max_idle = Duration::from_millis(timeouts.pool_idle_ms);
+                    self.gateway.idle.put(peer.reuse_hash(), stream, max_idle);
+                }
+            }
         }
         Attempt::Done(outcome, status)
     }
 
-    /// Connects and sends the request, reading the response header. A pooled connection the
-    /// replica already closed is replaced by a fresh one.
+    /// Connects (or takes an idle connection of this thread's) and sends the request, reading
+    /// the response header. A pooled connection the replica already closed is replaced by a
+    /// fresh one.
     async fn send(
         &self,
-        connector: &Connector,
         peer: &HttpPeer,
         client: &mut ServerSession,
         replica: &Replica,
     ) -> Result<HttpSession, Attempt> {
-        let first_byte = Duration::from_millis(self.snapshot.config.timeouts.first_byte_ms);
+        let timeouts = &self.snapshot.config.timeouts;
+        let first_byte = Duration::from_millis(timeouts.first_byte_ms);
+        let max_idle = Duration::from_millis(timeouts.pool_idle_ms);
         for _ in 0..3 {
-            let (mut upstream, reused) = match connector.get_http_session(peer).await {
+            let pooled = self.gateway.idle.take(peer.reuse_hash(), max_idle);
+            let connected = match pooled {
+                Some(stream) => Ok((
+                    HttpSession::H1(Http1Session::new_with_options(stream, peer)),
+                    true,
+                )),
+                None => self.gateway.connector().get_http_session(peer).await,
+            };
+            let (mut upstream, reused) = match connected {
                 Ok(s) => s,
                 Err(e) => {
                     self.failed(replica, "connect");
@@ -434,8 +446,12 @@ impl Forward<'_> {
         // Made once, not per chunk.
         let grace_over = self.gateway.drain.grace_over();
         tokio::pin!(grace_over);
+        // A read that ended the last gathering, handled before anything more is read.
+        let mut next = None;
         loop {
-            let read = tokio::select! {
+            let read = match next.take() {
+                Some(read) => read,
+                None => tokio::select! {
                 biased;
                 r = upstream.read_response_body() => r,
                 _ = client.read_body_or_idle(true) => {
@@ -450,6 +466,7 @@ impl Forward<'_> {
                     }
                     return end_with_error(client, &super::shutting_down()).await;
                 }
+                },
             };
             match read {
                 Ok(Some(chunk)) => {
@@ -464,6 +481,13 @@ impl Forward<'_> {
                         upstream.set_read_timeout(Some(idle));
                     }
                     end.push(&chunk);
+                    let chunk = match gather(upstream, chunk, &mut end) {
+                        (chunk, Some(read)) => {
+                            next = Some(read);
+                            chunk
+                        }
+                        (chunk, None) => chunk,
+                    };
                     if client.write_response_body(chunk, false).await.is_err() {
                         self.gateway.metrics.client_disconnects.inc();
                         return Outcome::Close;
@@ -522,6 +546,45 @@ impl Forward<'_> {
             }
         }
     }
+}
+
+/// Most bytes of a burst of chunks written to the client at once.
+const GATHER_BYTES: usize = 64 << 10;
+
+/// `chunk` and the chunks the replica sent after it that are already here (none is waited
+/// for), up to [`GATHER_BYTES`]: a burst is one write to the client, not one per chunk. Also
+/// the read that ended the gathering other than by waiting (the answer's end, a failure, a
+/// chunk over the limit), which the caller handles next.
+fn gather(
+    upstream: &mut HttpSession,
+    chunk: Bytes,
+    end: &mut AnswerEnd,
+) -> (Bytes, Option<pingora_core::Result<Option<Bytes>>>) {
+    let mut gathered = BytesMut::new();
+    let mut waiting = Context::from_waker(Waker::noop());
+    let stop = loop {
+        // Unconstrained: a task out of its cooperative budget would read as nothing here.
+        let read = pin!(tokio::task::unconstrained(upstream.read_response_body()));
+        match read.poll(&mut waiting) {
+            Poll::Pending => break None,
+            Poll::Ready(Ok(Some(more)))
+                if chunk.len() + gathered.len() + more.len() <= GATHER_BYTES =>
+            {
+                end.push(&more);
+                if gathered.is_empty() {
+                    gathered.extend_from_slice(&chunk);
+                }
+                gathered.extend_from_slice(&more);
+            }
+            Poll::Ready(read) => break Some(read),
+        }
+    };
+    let chunk = if gathered.is_empty() {
+        chunk
+    } else {
+        gathered.freeze()
+    };
+    (chunk, stop)
 }
 
 /// Ends an SSE stream with an OpenAI-style error event, so the client knows it was cut short.

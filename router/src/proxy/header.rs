@@ -8,6 +8,7 @@ use kvgate_protocol::{ApiError, ErrorKind};
 use pingora_core::protocols::http::ServerSession;
 use pingora_core::protocols::Stream;
 use pingora_core::ErrorType;
+use pingora_timeout::fast_timeout::fast_timeout;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 
@@ -29,7 +30,9 @@ pub async fn read_header(session: &mut ServerSession, limits: &Limits) -> bool {
         .is_some_and(|c| c.is::<Reused>());
     let idle = if reused { KEEPALIVE_S } else { 0 };
     let deadline = Duration::from_millis(limits.header_timeout_ms) + Duration::from_secs(idle);
-    let error = match tokio::time::timeout(deadline, session.read_request()).await {
+    // Pingora's coarse timer (10 ms), armed only if the header is not there yet: a tokio timer
+    // armed while the runtime runs writes to its driver's eventfd, once for every request.
+    let error = match fast_timeout(deadline, session.read_request()).await {
         Ok(Ok(read)) => return read,
         Err(_) => ApiError::new(
             ErrorKind::RequestTimeout,
@@ -62,7 +65,7 @@ pub async fn read_header(session: &mut ServerSession, limits: &Limits) -> bool {
 pub async fn first_bytes(stream: &mut Stream, limits: &Limits) -> bool {
     let deadline = Duration::from_millis(limits.header_timeout_ms);
     let mut preface = [0u8; 24];
-    match tokio::time::timeout(deadline, stream.try_peek(&mut preface)).await {
+    match fast_timeout(deadline, stream.try_peek(&mut preface)).await {
         // Peeked bytes are put back for Pingora's own look.
         Ok(Ok(_)) => true,
         Ok(Err(_)) => false,

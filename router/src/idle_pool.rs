@@ -1,0 +1,80 @@
+//! Idle connections to the replicas, kept per thread. A connection is registered with the
+//! runtime of the thread that opened it and every read of it is dispatched there, so it is
+//! reused only by requests on that thread. Pingora's own pool hands connections to any thread
+//! and watches each idle one with a task spawned on a thread drawn at random: a thread hop and a
+//! task per request. Here an idle connection is checked when it is taken instead: closed by the
+//! replica, sent something unasked, or idle past its limit, it is dropped and the next is tried.
+
+use pingora_core::protocols::Stream;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+use thread_local::ThreadLocal;
+use tokio::io::AsyncReadExt;
+
+/// Idle connections kept per replica and thread; the oldest go first beyond it.
+pub const IDLE_PER_UPSTREAM: usize = 128;
+
+#[derive(Default)]
+pub struct IdlePool {
+    threads: ThreadLocal<RefCell<HashMap<u64, Vec<Idle>>>>,
+}
+
+struct Idle {
+    stream: Stream,
+    since: Instant,
+}
+
+impl IdlePool {
+    /// This thread's most recently used connection to upstream `key` that is still open and
+    /// has idled at most `max_idle`.
+    pub fn take(&self, key: u64, max_idle: Duration) -> Option<Stream> {
+        let mut idle = self.threads.get_or_default().borrow_mut();
+        let streams = idle.get_mut(&key)?;
+        while let Some(Idle { mut stream, since }) = streams.pop() {
+            if since.elapsed() <= max_idle && is_idle_and_open(&mut stream) {
+                return Some(stream);
+            }
+        }
+        None
+    }
+
+    /// Keeps a connection whose exchange ended cleanly for this thread's next request to `key`.
+    pub fn put(&self, key: u64, mut stream: Stream, max_idle: Duration) {
+        if !is_idle_and_open(&mut stream) {
+            return;
+        }
+        let mut idle = self.threads.get_or_default().borrow_mut();
+        let streams = idle.entry(key).or_default();
+        streams.retain(|i| i.since.elapsed() <= max_idle);
+        if streams.len() >= IDLE_PER_UPSTREAM {
+            streams.remove(0);
+        }
+        streams.push(Idle {
+            stream,
+            since: Instant::now(),
+        });
+    }
+
+    /// Connections this thread keeps to `key`.
+    pub fn idle(&self, key: u64) -> usize {
+        self.threads
+            .get()
+            .map_or(0, |t| t.borrow().get(&key).map_or(0, Vec::len))
+    }
+}
+
+/// Whether nothing can be read from the connection yet: neither data the replica sent unasked
+/// nor its end. Reads only what the runtime already knows is there (no system call otherwise).
+fn is_idle_and_open(stream: &mut Stream) -> bool {
+    let mut byte = [0u8; 1];
+    // Unconstrained: a task out of its cooperative budget would read as idle.
+    let read = pin!(tokio::task::unconstrained(stream.read(&mut byte)));
+    matches!(
+        read.poll(&mut Context::from_waker(Waker::noop())),
+        Poll::Pending
+    )
+}
