@@ -1,118 +1,311 @@
 #!/usr/bin/env python3
-"""Proxy overhead: added latency (1 connection) and throughput (64 connections) of kvgate,
-nginx, SGLang's router and vLLM's router in front of one nginx fixed-JSON backend, measured
-side by side with wrk on loopback. Peers come from bench/peers/install (a venv outside the
-repository). Prints a markdown table with the labels of the run.
+"""The gateway's hot path against the proxies it replaces, side by side on loopback: kvgate (text
+and token mode), nginx, SGLang's router and vLLM's router in front of the same backends.
 
-Usage: bench/proxy/run.py [--seconds N] [--rounds N]
+For every request shape: added latency at one connection (p50, p99), throughput at 64
+connections, and per request the proxy's CPU time and its wake-ups (voluntary context switches
+of all its threads and child processes); for streams also the delay each proxy adds to every
+chunk (the backend stamps each chunk with the time it sent it).
+
+Shapes: chat requests of about 200 B, 1 KB, 8 KB and 64 KB (a system prompt shared by every
+request and a user message that changes with each, so token mode tokenizes each one), answered
+with fixed JSON by nginx; and streamed answers of 64 chunks from `kvgate fault-worker`.
+
+Every proxy is a process of its own with one worker thread (`threads: 1`, `worker_processes
+1`), as the backends are. Peers come from bench/peers/install.
+
+Usage: bench/proxy/run.py [--seconds N] [--rounds N] [--shapes 200B,1KB,8KB,64KB,stream64]
+                          [--threads N] [--out DIR]
 """
-import argparse, os, platform, re, shutil, signal, socket, statistics, subprocess, sys, tempfile, time, urllib.request
+import argparse, json, os, platform, random, re, shutil, socket, statistics, subprocess, sys, time
+import urllib.request
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from servers import ROOT, Server, free_port, prepare  # noqa: E402
+
 HERE = os.path.join(ROOT, "bench", "proxy")
 PEERS = os.environ.get("KVGATE_PEERS", "/tmp/kvgate-peers")
+KVGATE = os.path.join(ROOT, "target", "release", "kvgate")
+MODEL_FILE = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+SHAPES = {"200B": 0, "1KB": 1024, "8KB": 8 << 10, "64KB": 64 << 10, "stream64": 0}
+STREAM_CHUNKS = 64
+WORDS = ("the model answers questions about the system it runs on and keeps every reply short "
+         "clear and polite while it explains each step of the work in plain words for a reader "
+         "who knows little about servers networks caches or the tools that measure them").split()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def filler(size, seed=7):
+    """About `size` bytes of plain words, the same for every request of a shape."""
+    rng, out, n = random.Random(seed), [], 0
+    while n < size:
+        w = rng.choice(WORDS)
+        out.append(w)
+        n += len(w) + 1
+    return " ".join(out)
 
 
-def wait_http(url, timeout=30):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+def body_parts(shape):
+    """The JSON body before and after the request counter (wrk puts a fresh one in each)."""
+    stream = shape.startswith("stream")
+    system = filler(SHAPES[shape]) if SHAPES[shape] else "You are a helpful assistant."
+    user_tail = " ".join(f"w{i}" for i in range(STREAM_CHUNKS)) if stream else "say ok."
+    head = json.dumps({"model": "bench", "messages": [{"role": "system", "content": system},
+                                                      {"role": "user", "content": "@@"}]})
+    head, tail = head.split("@@")
+    extra = f', "max_tokens": {STREAM_CHUNKS}, "stream": true' if stream else ', "max_tokens": 8'
+    return head + "Question ", f": {user_tail}" + tail[:-1] + extra + "}"
+
+
+def wrk_script(shape, tmp):
+    head, tail = body_parts(shape)
+    path = os.path.join(tmp, f"{shape}.lua")
+    with open(path, "w") as f:
+        f.write('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+                f"local head = [==[{head}]==]\nlocal tail = [==[{tail}]==]\nlocal n = 0\n"
+                "request = function()\n  n = n + 1\n"
+                "  return wrk.format(nil, nil, nil, head .. n .. tail)\nend\n")
+    return path
+
+
+def tree(pid):
+    """A process and all its descendants."""
+    children = {}
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                ppid = int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(p))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def usage(pid):
+    """(CPU seconds, voluntary context switches) of a process tree, all threads."""
+    cpu, switches, tick = 0.0, 0, os.sysconf("SC_CLK_TCK")
+    for p in tree(pid):
         try:
-            req = urllib.request.Request(url, data=open(os.path.join(HERE, "body.json"), "rb").read(),
-                                         headers={"content-type": "application/json"})
-            with urllib.request.urlopen(req, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except Exception:
-            time.sleep(0.2)
-    raise SystemExit(f"{url} never answered")
+            fields = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
+            cpu += (int(fields[11]) + int(fields[12])) / tick
+            for t in os.listdir(f"/proc/{p}/task"):
+                for line in open(f"/proc/{p}/task/{t}/status"):
+                    if line.startswith("voluntary_ctxt_switches"):
+                        switches += int(line.split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return cpu, switches
 
 
-def wrk(url, threads, conns, seconds):
+def wrk(url, script, threads, conns, seconds, pid=None):
+    before = usage(pid) if pid else None
     out = subprocess.run(["wrk", f"-t{threads}", f"-c{conns}", f"-d{seconds}s", "--latency",
-                          "-s", os.path.join(HERE, "post.lua"), url],
-                         capture_output=True, text=True, check=True).stdout
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+                          "-s", script, url], capture_output=True, text=True, check=True).stdout
+    after = usage(pid) if pid else None
+    requests = int(re.search(r"(\d+) requests in", out).group(1))
+
     def pct(p):
-        m = re.search(rf"^\s+{p}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
-        v, unit = float(m.group(1)), m.group(2)
-        return v * {"us": 1, "ms": 1e3, "s": 1e6}[unit]
-    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    if errors or "Socket errors" in out:
+        v, unit = re.search(rf"^\s+{p}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M).groups()
+        return float(v) * {"us": 1, "ms": 1e3, "s": 1e6}[unit]
+    if re.search(r"Non-2xx or 3xx responses: (\d+)", out) or "Socket errors" in out:
         print(out, file=sys.stderr)
-    return rps, pct(50), pct(99)
+    r = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+         "p50": pct(50), "p99": pct(99)}
+    if before:
+        r["cpu_us"] = (after[0] - before[0]) * 1e6 / max(requests, 1)
+        r["wakeups"] = (after[1] - before[1]) / max(requests, 1)
+    return r
+
+
+def chunk_delays(port, shape, requests):
+    """Per chunk: the wall clock when it arrived here less when the backend sent it (µs)."""
+    head, tail = body_parts(shape)
+    delays = []
+    for i in range(requests):
+        body = (head + str(i) + tail).encode()
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: "
+                      b"application/json\r\nConnection: close\r\nContent-Length: "
+                      + str(len(body)).encode() + b"\r\n\r\n" + body)
+            seen = b""
+            while b"[DONE]" not in seen:
+                data = s.recv(1 << 16)
+                now = time.time_ns()
+                if not data:
+                    break
+                seen = seen[-64:] + data
+                delays += [(now - int(t)) / 1e3 for t in re.findall(rb"sent_ns=(\d+)", data)]
+    return delays
+
+
+def set_pace(port, ms):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/fault",
+                                 data=json.dumps({"token_delay_ms": ms}).encode(),
+                                 headers={"content-type": "application/json"})
+    urllib.request.urlopen(req, timeout=5).read()
+
+
+def nginx_conf(tmp, name, server_block, workers=1):
+    path = os.path.join(tmp, f"{name}.conf")
+    with open(path, "w") as f:
+        f.write(open(os.path.join(HERE, "nginx.conf.in")).read()
+                .replace("@DIR@", tmp).replace("@NAME@", name).replace("@WORKERS@", str(workers))
+                .replace("@SERVER@", server_block))
+    return path
+
+
+def start_proxies(backend, tmp, threads, tag):
+    """Each proxy in front of `backend`: name → Server."""
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    ports = {n: free_port() for n in ("nginx", "text", "token", "sglang", "vllm")}
+    block = (f"upstream backend {{ server 127.0.0.1:{backend}; keepalive 128; }}\n"
+             f"server {{ listen 127.0.0.1:{ports['nginx']};\n"
+             "  location / { proxy_pass http://backend; proxy_http_version 1.1;\n"
+             '    proxy_set_header Connection ""; proxy_buffering off; } }\n')
+    conf = nginx_conf(tmp, f"proxy-{tag}", block, threads)
+    configs = {}
+    for mode in ("text", "token"):
+        path = os.path.join(tmp, f"kvgate-{mode}-{tag}.yaml")
+        tokenizer = (f"tokenizers:\n  - {{model: bench, path: {MODEL_FILE}, block_size: 16}}\n"
+                     if mode == "token" else "")
+        with open(path, "w") as f:
+            f.write(f'listen: "127.0.0.1:{ports[mode]}"\nthreads: {threads}\nreplicas:\n'
+                    f'  - url: "http://127.0.0.1:{backend}"\n    models: [bench]\n{tokenizer}')
+        configs[mode] = path
+    router = ["--host", "127.0.0.1", "--worker-urls", f"http://127.0.0.1:{backend}"]
+    gateway = lambda mode: [KVGATE, "gateway", "--config", configs[mode]]  # noqa: E731
+    commands = [
+        ("nginx proxy", "nginx", [nginx, "-c", conf]),
+        ("kvgate (text mode)", "text", gateway("text")),
+        ("kvgate (token mode)", "token", gateway("token")),
+        ("SGLang router 0.3.2 cache_aware", "sglang",
+         [os.path.join(PEERS, "bin", "python"), "-m", "sglang_router.launch_router", "--port",
+          str(ports["sglang"]), "--policy", "cache_aware", "--prometheus-host", "127.0.0.1",
+          "--prometheus-port", str(free_port())] + router),
+        ("vLLM router 0.1.17 consistent_hash", "vllm",
+         [os.path.join(PEERS, "bin", "vllm-router"), "--port", str(ports["vllm"]), "--policy",
+          "consistent_hash", "--prometheus-host", "127.0.0.1", "--prometheus-port",
+          str(free_port())] + router),
+    ]
+    os.environ.setdefault("KVGATE_LOG", "warn")
+    return {name: Server(f"{key}-{tag}", cmd, ports[key], tmp) for name, key, cmd in commands}
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--threads", type=int, default=1, help="worker threads of every proxy")
+    ap.add_argument("--chunk-requests", type=int, default=40)
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
     args = ap.parse_args()
-    tmp = tempfile.mkdtemp(prefix="kvgate-proxy-bench-")
-    backend, nginx_proxy, kvgate, sglang, vllm = (free_port() for _ in range(5))
-    conf = open(os.path.join(HERE, "nginx.conf.in")).read()
-    conf = conf.replace("@DIR@", tmp).replace("@BACKEND@", str(backend)).replace("@PROXY@", str(nginx_proxy))
-    open(os.path.join(tmp, "nginx.conf"), "w").write(conf)
-    with open(os.path.join(HERE, "body.json"), "w") as f:
-        f.write(re.search(r"wrk.body = '(.*)'", open(os.path.join(HERE, "post.lua")).read()).group(1))
-    gw_conf = os.path.join(tmp, "kvgate.yaml")
-    open(gw_conf, "w").write(
-        f'listen: "127.0.0.1:{kvgate}"\nthreads: 1\nreplicas:\n  - url: "http://127.0.0.1:{backend}"\n    models: [bench]\n')
-    procs = []
-    def start(cmd, **kw):
-        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, f"{len(procs)}.log"), "w"), **kw)
-        procs.append(p)
+    shapes = args.shapes.split(",")
+    for s in shapes:
+        if s not in SHAPES:
+            raise SystemExit(f"unknown shape {s}; known: {', '.join(SHAPES)}")
+    if not os.path.exists(MODEL_FILE):
+        raise SystemExit(f"{MODEL_FILE} is missing: run scripts/fetch-model")
+    tmp = prepare("proxy-bench", args.out)
+    servers = []
     try:
-        start([shutil.which("nginx") or "/usr/sbin/nginx", "-c", os.path.join(tmp, "nginx.conf")])
-        start([os.path.join(ROOT, "target", "release", "kvgate"), "gateway", "--config", gw_conf],
-              env={**os.environ, "KVGATE_LOG": "warn"})
-        py = os.path.join(PEERS, "bin", "python")
-        router_flags = ["--host", "127.0.0.1", "--worker-urls", f"http://127.0.0.1:{backend}"]
-        start([py, "-m", "sglang_router.launch_router", "--port", str(sglang), "--policy", "cache_aware",
-               "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())] + router_flags)
-        start([os.path.join(PEERS, "bin", "vllm-router"), "--port", str(vllm), "--policy", "consistent_hash",
-               "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())] + router_flags)
-        targets = [("direct (nginx fixed JSON)", backend), ("nginx proxy", nginx_proxy), ("kvgate", kvgate),
-                   ("SGLang router 0.3.2 cache_aware", sglang), ("vLLM router 0.1.17 consistent_hash", vllm)]
-        for _, port in targets:
-            wait_http(f"http://127.0.0.1:{port}/v1/chat/completions")
-        results = {name: {"rps": [], "p50": [], "p99": []} for name, _ in targets}
+        fixed_port, stream_port = free_port(), free_port()
+        fixed = nginx_conf(tmp, "backend", open(os.path.join(HERE, "backend.conf.in")).read()
+                           .replace("@PORT@", str(fixed_port)), args.threads)
+        servers.append(Server("backend-fixed", [shutil.which("nginx") or "/usr/sbin/nginx", "-c",
+                                                fixed], fixed_port, tmp))
+        servers.append(Server("backend-stream", [KVGATE, "fault-worker", "--port", str(stream_port),
+                                                 "--model", "bench", "--stamp-chunks"],
+                              stream_port, tmp))
+        proxies = {}
+        for tag, port in (("fixed", fixed_port), ("stream", stream_port)):
+            proxies[tag] = start_proxies(port, tmp, args.threads, tag)
+            servers += proxies[tag].values()
+        names = ["direct"] + list(proxies["fixed"])
+        runs = {s: {n: [] for n in names} for s in shapes}
+        chunks = {n: [] for n in names}
         for _ in range(args.rounds):
-            for name, port in targets:
-                url = f"http://127.0.0.1:{port}/v1/chat/completions"
-                _, p50, p99 = wrk(url, 1, 1, args.seconds)
-                rps, _, _ = wrk(url, 2, 64, args.seconds)
-                r = results[name]
-                r["rps"].append(rps); r["p50"].append(p50); r["p99"].append(p99)
-        med = {n: {k: statistics.median(v) for k, v in r.items()} for n, r in results.items()}
-        direct = med[targets[0][0]]
-        version = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        print(f"Labels: host {platform.node()} ({os.cpu_count()} cores, shared by wrk, proxy and backend), "
-              f"kvgate {version} (release, threads: 1, jemalloc), nginx worker_processes 1, "
-              f"wrk -t1 -c1 (latency) and -t2 -c64 (throughput), {args.seconds}s x {args.rounds} rounds, medians.\n")
-        print("| proxy | req/s (64 conns) | p50 µs (1 conn) | p99 µs (1 conn) | added p50 µs | added p99 µs |")
-        print("|---|---:|---:|---:|---:|---:|")
-        for name, _ in targets:
-            m = med[name]
-            print(f"| {name} | {m['rps']:.0f} | {m['p50']:.0f} | {m['p99']:.0f} | "
-                  f"{m['p50'] - direct['p50']:.0f} | {m['p99'] - direct['p99']:.0f} |")
-        kv, sg, ng = med["kvgate"], med[targets[3][0]], med["nginx proxy"]
-        added = lambda m: max(m["p50"] - direct["p50"], 1e-9)
-        print(f"\nkvgate vs SGLang router: added p50 {added(kv) / added(sg):.2f}x, throughput {kv['rps'] / sg['rps']:.2f}x")
-        print(f"kvgate vs nginx: added p50 {added(kv) / added(ng):.2f}x, throughput {kv['rps'] / ng['rps']:.2f}x")
+            for shape in shapes:
+                tag = "stream" if shape.startswith("stream") else "fixed"
+                script = wrk_script(shape, tmp)
+                targets = [("direct", fixed_port if tag == "fixed" else stream_port, None)]
+                targets += [(n, s.port, s.proc.pid) for n, s in proxies[tag].items()]
+                for name, port, pid in targets:
+                    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+                    one = wrk(url, script, 1, 1, args.seconds, pid)
+                    many = wrk(url, script, 2, 64, args.seconds)
+                    runs[shape][name].append({**one, "rps": many["rps"]})
+                if tag == "stream":
+                    set_pace(stream_port, 1)
+                    for name, port, _ in targets:
+                        chunks[name] += chunk_delays(port, shape, args.chunk_requests)
+                    set_pace(stream_port, 0)
+        report(args, shapes, names, runs, chunks)
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGINT)
-        for p in procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        for s in reversed(servers):
+            s.stop()
+
+
+def labels(args):
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
+                if l.startswith("model name")), platform.processor())
+    flags = open("/proc/cpuinfo").read()
+    isa = "AVX-512" if " avx512f" in flags else ("AVX2" if " avx2" in flags else "no AVX2")
+    version = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True).stdout.strip()
+    return (f"{cpu} ({isa}), {os.cpu_count()} cores shared by wrk, proxies and backends; kvgate "
+            f"{version} (release, jemalloc, threads: {args.threads}); nginx worker_processes "
+            f"{args.threads}; wrk -t1 -c1 (latency, CPU, wake-ups) and -t2 -c64 (throughput), "
+            f"{args.seconds} s x {args.rounds} rounds, medians; chunk delay over "
+            f"{args.chunk_requests} streams x {STREAM_CHUNKS} chunks paced 1 ms apart")
+
+
+def report(args, shapes, names, runs, chunks):
+    med = {s: {n: {k: statistics.median(r[k] for r in runs[s][n]) for k in runs[s][n][0]}
+               for n in names} for s in shapes}
+    lines = [f"Labels: {labels(args)}.", ""]
+    lines.append("| shape | proxy | req/s (64 conns) | p50 µs | p99 µs | added p50 µs | "
+                 "added p99 µs | CPU µs/req | wake-ups/req |")
+    lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    goals = []
+    for s in shapes:
+        d = med[s]["direct"]
+        for n in names:
+            m = med[s][n]
+            cpu = f"{m['cpu_us']:.0f}" if "cpu_us" in m else ""
+            wake = f"{m['wakeups']:.2f}" if "wakeups" in m else ""
+            lines.append(f"| {s} | {n} | {m['rps']:.0f} | {m['p50']:.0f} | {m['p99']:.0f} | "
+                         f"{m['p50'] - d['p50']:.0f} | {m['p99'] - d['p99']:.0f} | {cpu} | {wake} |")
+        added = lambda n, k: max(med[s][n][k] - d[k], 1.0)  # noqa: E731
+        ng, sg = "nginx proxy", "SGLang router 0.3.2 cache_aware"
+        for n in ("kvgate (text mode)", "kvgate (token mode)"):
+            goals.append(f"| {s} | {n} | {added(n, 'p50') / added(ng, 'p50'):.2f} | "
+                         f"{added(n, 'p50') / added(sg, 'p50'):.2f} | "
+                         f"{added(n, 'p99') / added(ng, 'p99'):.2f} | "
+                         f"{med[s][n]['rps'] / med[s][ng]['rps']:.2f} |")
+    lines += ["", "| shape | kvgate | added p50 / nginx (≤ 2) | added p50 / SGLang (≤ 0.3) | "
+              "added p99 / nginx (≤ 2) | req/s / nginx (≥ 0.8) |", "|---|---|---:|---:|---:|---:|"]
+    lines += goals
+    if chunks["direct"]:
+        base = statistics.median(chunks["direct"])
+        lines += ["", "| proxy | chunk delay p50 µs | p99 µs | added p50 µs (≤ 20 for kvgate) |",
+                  "|---|---:|---:|---:|"]
+        for n in names:
+            c = sorted(chunks[n])
+            lines.append(f"| {n} | {statistics.median(c):.0f} | {c[int(len(c) * 0.99)]:.0f} | "
+                         f"{statistics.median(c) - base:.0f} |")
+    text = "\n".join(lines)
+    print(text)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"proxy-threads{args.threads}.md"), "w") as f:
+        f.write(text + "\n")
+    with open(os.path.join(args.out, f"proxy-threads{args.threads}.json"), "w") as f:
+        json.dump({"labels": labels(args), "runs": runs, "chunks": chunks}, f)
 
 
 if __name__ == "__main__":
