@@ -15,7 +15,7 @@ Every proxy is a process of its own with one worker thread (`threads: 1`, `worke
 1`), as the backends are. Peers come from bench/peers/install.
 
 Usage: bench/proxy/run.py [--seconds N] [--rounds N] [--shapes 200B,1KB,8KB,64KB,stream64]
-                          [--threads N] [--out DIR]
+                          [--threads N] [--before LABEL=BINARY] [--out DIR]
 """
 import argparse, json, os, platform, random, re, shutil, socket, statistics, subprocess, sys, time
 import urllib.request
@@ -159,30 +159,38 @@ def nginx_conf(tmp, name, server_block, workers=1):
     return path
 
 
-def start_proxies(backend, tmp, threads, tag):
-    """Each proxy in front of `backend`: name → Server."""
+def start_proxies(backend, tmp, threads, tag, before):
+    """Each proxy in front of `backend`: name → Server. `before`: (label, binary) of an earlier
+    kvgate build to run beside this one, or None."""
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-    ports = {n: free_port() for n in ("nginx", "text", "token", "sglang", "vllm")}
+    ports = {n: free_port() for n in ("nginx", "text", "token", "sglang", "vllm", "text-before",
+                                      "token-before")}
     block = (f"upstream backend {{ server 127.0.0.1:{backend}; keepalive 128; }}\n"
              f"server {{ listen 127.0.0.1:{ports['nginx']};\n"
              "  location / { proxy_pass http://backend; proxy_http_version 1.1;\n"
              '    proxy_set_header Connection ""; proxy_buffering off; } }\n')
     conf = nginx_conf(tmp, f"proxy-{tag}", block, threads)
     configs = {}
-    for mode in ("text", "token"):
+    for mode in ("text", "token", "text-before", "token-before"):
         path = os.path.join(tmp, f"kvgate-{mode}-{tag}.yaml")
         tokenizer = (f"tokenizers:\n  - {{model: bench, path: {MODEL_FILE}, block_size: 16}}\n"
-                     if mode == "token" else "")
+                     if mode.startswith("token") else "")
         with open(path, "w") as f:
             f.write(f'listen: "127.0.0.1:{ports[mode]}"\nthreads: {threads}\nreplicas:\n'
                     f'  - url: "http://127.0.0.1:{backend}"\n    models: [bench]\n{tokenizer}')
         configs[mode] = path
     router = ["--host", "127.0.0.1", "--worker-urls", f"http://127.0.0.1:{backend}"]
-    gateway = lambda mode: [KVGATE, "gateway", "--config", configs[mode]]  # noqa: E731
+    gateway = lambda mode, binary=KVGATE: [binary, "gateway", "--config", configs[mode]]  # noqa: E731
     commands = [
         ("nginx proxy", "nginx", [nginx, "-c", conf]),
         ("kvgate (text mode)", "text", gateway("text")),
         ("kvgate (token mode)", "token", gateway("token")),
+    ]
+    if before:
+        label, binary = before
+        commands += [(f"kvgate {label} (text mode)", "text-before", gateway("text-before", binary)),
+                     (f"kvgate {label} (token mode)", "token-before", gateway("token-before", binary))]
+    commands += [
         ("SGLang router 0.3.2 cache_aware", "sglang",
          [os.path.join(PEERS, "bin", "python"), "-m", "sglang_router.launch_router", "--port",
           str(ports["sglang"]), "--policy", "cache_aware", "--prometheus-host", "127.0.0.1",
@@ -204,6 +212,8 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help="worker threads of every proxy")
     ap.add_argument("--chunk-requests", type=int, default=40)
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--before", metavar="LABEL=BINARY",
+                    help="also run an earlier kvgate build, e.g. ac1f4d69=/tmp/kvgate-ac1f4d69")
     args = ap.parse_args()
     shapes = args.shapes.split(",")
     for s in shapes:
@@ -224,7 +234,8 @@ def main():
                               stream_port, tmp))
         proxies = {}
         for tag, port in (("fixed", fixed_port), ("stream", stream_port)):
-            proxies[tag] = start_proxies(port, tmp, args.threads, tag)
+            before = tuple(args.before.split("=", 1)) if args.before else None
+            proxies[tag] = start_proxies(port, tmp, args.threads, tag, before)
             servers += proxies[tag].values()
         names = ["direct"] + list(proxies["fixed"])
         runs = {s: {n: [] for n in names} for s in shapes}
