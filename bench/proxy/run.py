@@ -112,7 +112,7 @@ def wrk(url, script, threads, conns, seconds, pid=None):
         v, unit = re.search(rf"^\s+{p}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M).groups()
         return float(v) * {"us": 1, "ms": 1e3, "s": 1e6}[unit]
     if re.search(r"Non-2xx or 3xx responses: (\d+)", out) or "Socket errors" in out:
-        print(out, file=sys.stderr)
+        raise SystemExit(f"{url} answered errors:\n{out}")
     r = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
          "p50": pct(50), "p99": pct(99)}
     if before:
@@ -173,7 +173,9 @@ def start_proxies(backend, tmp, threads, tag, before):
     configs = {}
     for mode in ("text", "token", "text-before", "token-before"):
         path = os.path.join(tmp, f"kvgate-{mode}-{tag}.yaml")
-        tokenizer = (f"tokenizers:\n  - {{model: bench, path: {MODEL_FILE}, block_size: 16}}\n"
+        # A context long enough for the 64 KB prompt (SmolLM2's own is 8k tokens).
+        tokenizer = (f"tokenizers:\n  - {{model: bench, path: {MODEL_FILE}, block_size: 16, "
+                     "context_length: 131072}\n"
                      if mode.startswith("token") else "")
         with open(path, "w") as f:
             f.write(f'listen: "127.0.0.1:{ports[mode]}"\nthreads: {threads}\nreplicas:\n'
