@@ -47,19 +47,18 @@ impl IdlePool {
         if !is_idle_and_open(&mut stream) {
             return;
         }
+        let now = Instant::now();
         let mut idle = self.threads.get_or_default().borrow_mut();
         let streams = idle.entry(key).or_default();
-        streams.retain(|i| i.since.elapsed() <= max_idle);
+        streams.retain(|i| now.duration_since(i.since) <= max_idle);
         if streams.len() >= IDLE_PER_UPSTREAM {
             streams.remove(0);
         }
-        streams.push(Idle {
-            stream,
-            since: Instant::now(),
-        });
+        streams.push(Idle { stream, since: now });
     }
 
     /// Connections this thread keeps to `key`.
+    #[cfg(test)]
     pub fn idle(&self, key: u64) -> usize {
         self.threads
             .get()
@@ -77,4 +76,86 @@ fn is_idle_and_open(stream: &mut Stream) -> bool {
         read.poll(&mut Context::from_waker(Waker::noop())),
         Poll::Pending
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use pingora_core::protocols::l4::stream::Stream as TcpStream;
+    use tokio::net::TcpListener;
+
+    const LONG: Duration = Duration::from_secs(60);
+
+    /// A connection as the gateway holds it, and the replica's end of it.
+    async fn connection(listener: &TcpListener) -> (Stream, tokio::net::TcpStream) {
+        let addr = listener.local_addr().unwrap();
+        let ours = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (theirs, _) = listener.accept().await.unwrap();
+        (Box::new(TcpStream::from(ours)), theirs)
+    }
+
+    /// Lets the runtime's driver see what the peers did.
+    async fn settle() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    #[test]
+    fn an_idle_connection_is_reused_and_a_closed_or_stale_one_is_not() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let pool = IdlePool::default();
+            let (stream, replica) = connection(&listener).await;
+            pool.put(1, stream, LONG);
+            assert_eq!((pool.idle(1), pool.idle(2)), (1, 0));
+            let stream = pool.take(1, LONG).expect("the idle connection");
+            pool.put(1, stream, LONG);
+            drop(replica);
+            settle().await;
+            assert!(pool.take(1, LONG).is_none(), "the replica closed it");
+
+            let (stream, mut replica) = connection(&listener).await;
+            pool.put(1, stream, LONG);
+            tokio::io::AsyncWriteExt::write_all(&mut replica, b"HTTP/1.1 200 OK\r\n")
+                .await
+                .unwrap();
+            settle().await;
+            assert!(
+                pool.take(1, LONG).is_none(),
+                "the replica sent something unasked"
+            );
+
+            let (stream, _replica) = connection(&listener).await;
+            pool.put(1, stream, LONG);
+            settle().await;
+            assert!(
+                pool.take(1, Duration::from_millis(10)).is_none(),
+                "idle too long"
+            );
+            assert_eq!(pool.idle(1), 0);
+        });
+    }
+
+    #[test]
+    fn at_most_so_many_are_kept_per_replica() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let pool = IdlePool::default();
+            let mut replicas = Vec::new();
+            for _ in 0..IDLE_PER_UPSTREAM + 2 {
+                let (stream, replica) = connection(&listener).await;
+                pool.put(7, stream, LONG);
+                replicas.push(replica);
+            }
+            assert_eq!(pool.idle(7), IDLE_PER_UPSTREAM);
+        });
+    }
 }

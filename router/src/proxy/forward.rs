@@ -452,20 +452,20 @@ impl Forward<'_> {
             let read = match next.take() {
                 Some(read) => read,
                 None => tokio::select! {
-                biased;
-                r = upstream.read_response_body() => r,
-                _ = client.read_body_or_idle(true) => {
-                    // The client left: dropping the upstream session closes its connection,
-                    // which cancels the generation on the replica.
-                    self.gateway.metrics.client_disconnects.inc();
-                    return Outcome::Close;
-                }
-                _ = &mut grace_over => {
-                    if !is_sse {
+                    biased;
+                    r = upstream.read_response_body() => r,
+                    _ = client.read_body_or_idle(true) => {
+                        // The client left: dropping the upstream session closes its connection,
+                        // which cancels the generation on the replica.
+                        self.gateway.metrics.client_disconnects.inc();
                         return Outcome::Close;
                     }
-                    return end_with_error(client, &super::shutting_down()).await;
-                }
+                    _ = &mut grace_over => {
+                        if !is_sse {
+                            return Outcome::Close;
+                        }
+                        return end_with_error(client, &super::shutting_down()).await;
+                    }
                 },
             };
             match read {
