@@ -95,6 +95,14 @@ mod tests {
         (Box::new(TcpStream::from(ours)), theirs)
     }
 
+    fn on_one_thread(test: impl std::future::Future<Output = ()>) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(test);
+    }
+
     /// Lets the runtime's driver see what the peers did.
     async fn settle() {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -102,11 +110,7 @@ mod tests {
 
     #[test]
     fn an_idle_connection_is_reused_and_a_closed_or_stale_one_is_not() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
+        on_one_thread(async {
             let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let pool = IdlePool::default();
             let (stream, replica) = connection(&listener).await;
@@ -142,11 +146,7 @@ mod tests {
 
     #[test]
     fn at_most_so_many_are_kept_per_replica() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
+        on_one_thread(async {
             let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let pool = IdlePool::default();
             let mut replicas = Vec::new();
