@@ -44,9 +44,9 @@ pub struct Gateway {
     pub metrics: Metrics,
     /// Opens upstream connections, one per thread: see [`Gateway::connector`].
     connectors: ThreadLocal<Connector>,
+    connector_options: ConnectorOptions,
     /// Idle connections to the replicas, per thread, for proxied requests.
     pub idle: crate::idle_pool::IdlePool,
-    connector_options: ConnectorOptions,
     /// Large request bodies parsed (and tokenized) at once, each on a blocking thread.
     pub parse_slots: tokio::sync::Semaphore,
     /// Requests in flight and the grace period of a stop.
@@ -115,8 +115,8 @@ impl Gateway {
             admission: Admission::default(),
             metrics,
             connectors: ThreadLocal::new(),
-            idle: Default::default(),
             connector_options,
+            idle: Default::default(),
             parse_slots: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(1, |n| n.get()),
             ),
