@@ -275,3 +275,31 @@ async fn sim_workers_hand_over_prompts_too() {
     nothing_held(&p).await;
     nothing_held(&d).await;
 }
+
+/// The HTTP port is bound before the transfer listener, so a transfer listener on port 0 can
+/// never be given the worker's own HTTP port (it was, now and then, under parallel tests).
+/// With both asked for the same port, the transfer listener is the one that cannot have it.
+#[test]
+fn the_http_port_is_taken_before_the_transfer_port() {
+    let port = free_port().to_string();
+    let out = kvgate()
+        .args(["worker", "--backend", "sim", "--served-model-name", MODEL])
+        .args([
+            "--role",
+            "prefill",
+            "--port",
+            &port,
+            "--kv-transfer-port",
+            &port,
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(&format!(
+            "cannot listen for block transfers on 127.0.0.1:{port}"
+        )),
+        "{stderr}"
+    );
+}

@@ -187,6 +187,10 @@ pub fn run(config: WorkerConfig) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
+    // The HTTP port first: a transfer listener on port 0 could otherwise be given it.
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind(config.addr))
+        .map_err(|e| format!("cannot listen on {}: {e}", config.addr))?;
     let disagg = match &config.disagg {
         Some(d) => Some(runtime.block_on(disagg::Disagg::start(d, config.offload_bytes))?),
         None => None,
@@ -204,7 +208,7 @@ pub fn run(config: WorkerConfig) -> Result<(), String> {
         ),
         disagg,
     });
-    let result = runtime.block_on(serve(config.addr, ctx));
+    let result = runtime.block_on(serve(listener, config.addr, ctx));
     // Ending the runtime drops every task's hold on the engine's command queue: the engine
     // thread then returns and drops the engine.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
@@ -225,10 +229,11 @@ fn join_within(thread: std::thread::JoinHandle<()>, grace: std::time::Duration) 
     }
 }
 
-async fn serve(addr: SocketAddr, ctx: Arc<http::Context>) -> Result<(), String> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+async fn serve(
+    listener: tokio::net::TcpListener,
+    addr: SocketAddr,
+    ctx: Arc<http::Context>,
+) -> Result<(), String> {
     tracing::info!(%addr, model = %ctx.served_name, "kvgate worker listening");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| format!("cannot listen for SIGTERM: {e}"))?;
