@@ -7,9 +7,11 @@ use crate::peers::PEER_PATH;
 use crate::proxy::disagg::phase_class;
 use crate::proxy::request;
 use crate::proxy::respond;
+use crate::replica::Replica;
 use async_trait::async_trait;
 use bytes::BytesMut;
 use http::Method;
+use kvgate_policies::{ReplicaState, ReportAges};
 use kvgate_protocol::openai::Endpoint;
 use kvgate_protocol::telemetry::{token_matches, REPORT_PATH};
 use kvgate_protocol::{ApiError, ErrorKind};
@@ -106,7 +108,7 @@ impl HttpServerApp for AdminApp {
                 let replicas: Vec<serde_json::Value> = snap
                     .replicas
                     .iter()
-                    .map(|r| gateway.replica_status(r))
+                    .map(|r| replica_status(gateway, r))
                     .collect();
                 (200, json(&serde_json::json!({ "replicas": replicas })))
             }
@@ -278,4 +280,54 @@ async fn finish(session: ServerSession, ok: bool) -> Option<ReusedHttpStream> {
     settings.set_user_context(Box::new(crate::proxy::header::Reused));
     let stream = session.finish().await.ok()??;
     Some(ReusedHttpStream::from_reusable_stream(stream, settings))
+}
+
+/// A replica's live state for the admin API.
+fn replica_status(gateway: &Gateway, replica: &Replica) -> serde_json::Value {
+    let fleet = gateway.fleet();
+    let Some(r) = fleet.replica(replica.slot) else {
+        return serde_json::json!({ "id": replica.name, "url": replica.config.url });
+    };
+    let now = gateway.now_ms();
+    let ages = fleet.report_ages();
+    status_json(replica, r, ages, now)
+}
+
+fn status_json(
+    replica: &Replica,
+    r: &ReplicaState,
+    ages: Option<ReportAges>,
+    now: u64,
+) -> serde_json::Value {
+    let agent = r.agent.as_ref().map(|a| {
+        serde_json::json!({
+            "age_ms": now.saturating_sub(a.received_ms),
+            "instance": a.instance,
+            "seq": a.seq,
+            "missed_reports": a.missed,
+            "healthy": a.healthy,
+            "running": a.load.running,
+            "waiting": a.load.waiting,
+            "kv_blocks_total": a.load.kv_blocks_total,
+            "kv_usage": a.load.kv_usage(),
+            "adapters": a.load.adapters,
+            "gpus": a.gpus,
+        })
+    });
+    serde_json::json!({
+        "id": replica.name,
+        "url": replica.config.url,
+        "healthy": r.healthy,
+        "ejected": r.is_ejected(now),
+        "available": r.is_routable(ages, now),
+        "freshness": r.freshness(ages, now),
+        "agent": agent,
+        "in_flight": r.in_flight,
+        "prefill_backlog": r.prefill_backlog,
+        "consecutive_failures": r.consecutive_failures,
+        "ejections_in_a_row": r.ejections,
+        "models": r.models(),
+        "labels": replica.config.labels,
+        "last_scores": r.last_decision,
+    })
 }

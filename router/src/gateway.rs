@@ -14,8 +14,8 @@ use crate::snapshot::{
 };
 use crate::tokenizers::{self, TokenModes};
 use kvgate_policies::{
-    Applied, Ask, Candidate, Decision, Ejection, FailureOutcome, FleetState, NoRoute, ReplicaState,
-    ReportAges, ReportOutcome, RequestFeatures,
+    Applied, Ask, Candidate, Decision, Ejection, FailureOutcome, FleetState, NoRoute, ReportAges,
+    ReportOutcome, RequestFeatures,
 };
 use kvgate_protocol::telemetry::{KvUpdate, TelemetryReport};
 use kvgate_protocol::{ApiError, ErrorKind};
@@ -516,56 +516,6 @@ impl Gateway {
             serde_json::json!({ "model": model, "load_bound": decision.load_bound, "hot_group": decision.hot_group, "candidates": candidates }),
         )
     }
-
-    /// A replica's live state for the admin API.
-    pub fn replica_status(&self, replica: &Replica) -> serde_json::Value {
-        let fleet = self.fleet();
-        let Some(r) = fleet.replica(replica.slot) else {
-            return serde_json::json!({ "id": replica.name, "url": replica.config.url });
-        };
-        let now = self.now_ms();
-        let ages = fleet.report_ages();
-        status_json(replica, r, ages, now)
-    }
-}
-
-fn status_json(
-    replica: &Replica,
-    r: &ReplicaState,
-    ages: Option<ReportAges>,
-    now: u64,
-) -> serde_json::Value {
-    let agent = r.agent.as_ref().map(|a| {
-        serde_json::json!({
-            "age_ms": now.saturating_sub(a.received_ms),
-            "instance": a.instance,
-            "seq": a.seq,
-            "missed_reports": a.missed,
-            "healthy": a.healthy,
-            "running": a.load.running,
-            "waiting": a.load.waiting,
-            "kv_blocks_total": a.load.kv_blocks_total,
-            "kv_usage": a.load.kv_usage(),
-            "adapters": a.load.adapters,
-            "gpus": a.gpus,
-        })
-    });
-    serde_json::json!({
-        "id": replica.name,
-        "url": replica.config.url,
-        "healthy": r.healthy,
-        "ejected": r.is_ejected(now),
-        "available": r.is_routable(ages, now),
-        "freshness": r.freshness(ages, now),
-        "agent": agent,
-        "in_flight": r.in_flight,
-        "prefill_backlog": r.prefill_backlog,
-        "consecutive_failures": r.consecutive_failures,
-        "ejections_in_a_row": r.ejections,
-        "models": r.models(),
-        "labels": replica.config.labels,
-        "last_scores": r.last_decision,
-    })
 }
 
 /// What `class` asks of the fleet for a request on `model`.
