@@ -46,7 +46,7 @@ pub struct Gateway {
     connectors: ThreadLocal<Connector>,
     connector_options: ConnectorOptions,
     /// Idle connections to the replicas, per thread, for proxied requests.
-    pub idle: crate::idle_pool::IdlePool,
+    pub(crate) idle: crate::idle_pool::IdlePool,
     /// Large request bodies parsed (and tokenized) at once, each on a blocking thread.
     pub parse_slots: tokio::sync::Semaphore,
     /// Requests in flight and the grace period of a stop.

@@ -5,12 +5,11 @@
 //! task per request. Here an idle connection is checked when it is taken instead: closed by the
 //! replica, sent something unasked, or idle past its limit, it is dropped and the next is tried.
 
+use futures::FutureExt;
 use pingora_core::protocols::Stream;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::future::Future;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 use thread_local::ThreadLocal;
 use tokio::io::AsyncReadExt;
@@ -70,12 +69,13 @@ impl IdlePool {
 /// nor its end. Reads only what the runtime already knows is there (no system call otherwise).
 fn is_idle_and_open(stream: &mut Stream) -> bool {
     let mut byte = [0u8; 1];
-    // Unconstrained: a task out of its cooperative budget would read as idle.
-    let read = pin!(tokio::task::unconstrained(stream.read(&mut byte)));
-    matches!(
-        read.poll(&mut Context::from_waker(Waker::noop())),
-        Poll::Pending
-    )
+    now_or_never(stream.read(&mut byte)).is_none()
+}
+
+/// `future`'s output if it is ready at its first poll, without waiting. Unconstrained: a task
+/// out of its cooperative budget would otherwise see nothing ready.
+pub fn now_or_never<F: Future>(future: F) -> Option<F::Output> {
+    tokio::task::unconstrained(future).now_or_never()
 }
 
 #[cfg(test)]

@@ -6,11 +6,12 @@
 //! an SSE stream with an error event, or closes a non-streamed response.
 
 use super::answer_end::AnswerEnd;
+use super::gather::gather;
 use super::respond;
 use crate::gateway::{Gateway, Route, Snapshot};
 use crate::in_flight::InFlight;
 use crate::replica::Replica;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use kvgate_policies::{Candidate, FailureOutcome, RequestFeatures};
 use kvgate_protocol::openai::Endpoint;
 use kvgate_protocol::{ApiError, ErrorKind};
@@ -20,9 +21,6 @@ use pingora_core::protocols::http::ServerSession;
 use pingora_core::upstreams::peer::{HttpPeer, Peer};
 use pingora_core::ErrorType;
 use pingora_http::{RequestHeader, ResponseHeader};
-use std::future::Future;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 /// Headers that describe one connection, not the message: never forwarded.
@@ -151,7 +149,8 @@ impl Forward<'_> {
             Duration::from_millis(timeouts.connect_ms),
             Some(Duration::from_millis(timeouts.pool_idle_ms)),
         );
-        let mut upstream = match self.send(&peer, client, replica).await {
+        let key = peer.reuse_hash();
+        let mut upstream = match self.send(&peer, key, client, replica).await {
             Ok(upstream) => upstream,
             Err(attempt) => return attempt,
         };
@@ -205,19 +204,20 @@ impl Forward<'_> {
                 h1.respect_keepalive();
                 if let Some(stream) = h1.reuse().await {
                     let max_idle = Duration::from_millis(timeouts.pool_idle_ms);
-                    self.gateway.idle.put(peer.reuse_hash(), stream, max_idle);
+                    self.gateway.idle.put(key, stream, max_idle);
                 }
             }
         }
         Attempt::Done(outcome, status)
     }
 
-    /// Connects (or takes an idle connection of this thread's) and sends the request, reading
-    /// the response header. A pooled connection the replica already closed is replaced by a
-    /// fresh one.
+    /// Connects (or takes an idle connection of this thread's to `key`, the peer's) and sends
+    /// the request, reading the response header. A pooled connection the replica already
+    /// closed is replaced by a fresh one.
     async fn send(
         &self,
         peer: &HttpPeer,
+        key: u64,
         client: &mut ServerSession,
         replica: &Replica,
     ) -> Result<HttpSession, Attempt> {
@@ -225,7 +225,7 @@ impl Forward<'_> {
         let first_byte = Duration::from_millis(timeouts.first_byte_ms);
         let max_idle = Duration::from_millis(timeouts.pool_idle_ms);
         for _ in 0..3 {
-            let pooled = self.gateway.idle.take(peer.reuse_hash(), max_idle);
+            let pooled = self.gateway.idle.take(key, max_idle);
             let connected = match pooled {
                 Some(stream) => Ok((
                     HttpSession::H1(Http1Session::new_with_options(stream, peer)),
@@ -546,45 +546,6 @@ impl Forward<'_> {
             }
         }
     }
-}
-
-/// Most bytes of a burst of chunks written to the client at once.
-const GATHER_BYTES: usize = 64 << 10;
-
-/// `chunk` and the chunks the replica sent after it that are already here (none is waited
-/// for), up to [`GATHER_BYTES`]: a burst is one write to the client, not one per chunk. Also
-/// the read that ended the gathering other than by waiting (the answer's end, a failure, a
-/// chunk over the limit), which the caller handles next.
-fn gather(
-    upstream: &mut HttpSession,
-    chunk: Bytes,
-    end: &mut AnswerEnd,
-) -> (Bytes, Option<pingora_core::Result<Option<Bytes>>>) {
-    let mut gathered = BytesMut::new();
-    let mut waiting = Context::from_waker(Waker::noop());
-    let stop = loop {
-        // Unconstrained: a task out of its cooperative budget would read as nothing here.
-        let read = pin!(tokio::task::unconstrained(upstream.read_response_body()));
-        match read.poll(&mut waiting) {
-            Poll::Pending => break None,
-            Poll::Ready(Ok(Some(more)))
-                if chunk.len() + gathered.len() + more.len() <= GATHER_BYTES =>
-            {
-                end.push(&more);
-                if gathered.is_empty() {
-                    gathered.extend_from_slice(&chunk);
-                }
-                gathered.extend_from_slice(&more);
-            }
-            Poll::Ready(read) => break Some(read),
-        }
-    };
-    let chunk = if gathered.is_empty() {
-        chunk
-    } else {
-        gathered.freeze()
-    };
-    (chunk, stop)
 }
 
 /// Ends an SSE stream with an OpenAI-style error event, so the client knows it was cut short.

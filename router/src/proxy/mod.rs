@@ -4,6 +4,7 @@ mod answer_end;
 mod body;
 pub(crate) mod disagg;
 mod forward;
+mod gather;
 pub mod header;
 pub mod request;
 pub mod respond;
