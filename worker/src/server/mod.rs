@@ -208,7 +208,7 @@ pub fn run(config: WorkerConfig) -> Result<(), String> {
         ),
         disagg,
     });
-    let result = runtime.block_on(serve(listener, config.addr, ctx));
+    let result = runtime.block_on(serve(listener, ctx));
     // Ending the runtime drops every task's hold on the engine's command queue: the engine
     // thread then returns and drops the engine.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
@@ -229,11 +229,8 @@ fn join_within(thread: std::thread::JoinHandle<()>, grace: std::time::Duration) 
     }
 }
 
-async fn serve(
-    listener: tokio::net::TcpListener,
-    addr: SocketAddr,
-    ctx: Arc<http::Context>,
-) -> Result<(), String> {
+async fn serve(listener: tokio::net::TcpListener, ctx: Arc<http::Context>) -> Result<(), String> {
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(%addr, model = %ctx.served_name, "kvgate worker listening");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| format!("cannot listen for SIGTERM: {e}"))?;
