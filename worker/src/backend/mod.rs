@@ -3,8 +3,10 @@
 //! reaches the end of its request's known tokens.
 
 pub mod cpu;
+pub mod emit;
 pub mod profile;
 pub mod sim;
+pub mod timing;
 
 use crate::kv::BlockId;
 use crate::request::{RequestId, SamplingParams};

@@ -13,19 +13,19 @@ pub mod quant;
 pub mod team;
 pub mod weights;
 
-use super::{cannot_draft, Backend, BackendError, BatchOutput, BatchSlice, BlockCosts, Sampled};
+use super::emit::emit;
+use super::timing;
+use super::{cannot_draft, Backend, BackendError, BatchOutput, BatchSlice, BlockCosts};
 use crate::kv::BlockId;
 use crate::model::ModelFile;
-use crate::request::SamplingParams;
-use crate::sample::{logprobs, sample};
-use crate::spec::{verify_logits, Drafter, Method, StepCosts};
+use crate::spec::{Drafter, Method, StepCosts};
 use dot::Isa;
 use draft::{ModelDrafter, Target};
 use forward::Forward;
 use kv_cache::KvCache;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+
 use team::Team;
 use weights::{WeightError, Weights};
 
@@ -108,44 +108,7 @@ impl CpuBackend {
 impl Backend for CpuBackend {
     fn execute(&mut self, batch: &[BatchSlice<'_>]) -> Result<BatchOutput, BackendError> {
         let logits = self.forward.run(batch);
-        let mut rows = logits.iter().peekable();
-        let mut sampled = Vec::new();
-        while let Some((i, first)) = rows.next() {
-            let s = &batch[i];
-            // Without a seed, the request id seeds the draws (different per request).
-            let seed = s
-                .params
-                .seed
-                .unwrap_or(s.id.wrapping_mul(0x2545_F491_4F6C_DD1D));
-            let emit = |token: u32, row: &[f32]| Sampled {
-                id: s.id,
-                token,
-                logprobs: s.params.logprobs.map(|n| logprobs(row, token, n as usize)),
-            };
-            if s.draft == 0 {
-                // The common step: one row, one token, nothing to verify.
-                sampled.push(emit(
-                    sample(first, s.params, seed, s.num_output_tokens),
-                    first,
-                ));
-                continue;
-            }
-            let mut slice_rows = vec![first];
-            while let Some((_, row)) = rows.next_if(|(j, _)| *j == i) {
-                slice_rows.push(row);
-            }
-            let end = s.start + s.len;
-            let draft = &s.tokens[end + 1 - slice_rows.len()..end];
-            let position = s.num_output_tokens.saturating_sub(s.draft);
-            let verified = verify_logits(&slice_rows, draft, s.params, seed, position);
-            sampled.extend(
-                verified
-                    .tokens
-                    .iter()
-                    .zip(&slice_rows)
-                    .map(|(&token, row)| emit(token, row)),
-            );
-        }
+        let sampled = emit(batch, logits.iter());
         Ok(BatchOutput {
             sampled,
             modelled_duration: None,
@@ -162,46 +125,10 @@ impl Backend for CpuBackend {
         }
     }
 
-    /// Timed: a block's tokens computed as a prompt in the first block, against that block
-    /// exported and imported again; the best of a few runs each.
     fn block_costs(&mut self, _block_size: usize) -> Option<BlockCosts> {
-        const RUNS: usize = 3;
-        if self.num_blocks == 0 {
-            return None;
-        }
-        let vocab = self.forward.weights.params.vocab_size as u32;
-        let tokens: Vec<u32> = (0..self.block_size as u32)
-            .map(|i| (i * 7919 + 100) % vocab)
-            .collect();
-        let params = SamplingParams::default();
-        let prompt = BatchSlice {
-            id: 0,
-            tokens: &tokens,
-            start: 0,
-            len: tokens.len(),
-            block_table: &[1],
-            samples: false,
-            draft: 0,
-            params: &params,
-            num_output_tokens: 0,
-        };
-        let (mut compute, mut load, mut bytes) = (Duration::MAX, Duration::MAX, 0);
-        for _ in 0..RUNS {
-            let started = Instant::now();
-            self.forward.run(&[prompt]);
-            compute = compute.min(started.elapsed());
-            let started = Instant::now();
-            let data = self.export_block(1)?;
-            bytes = data.len();
-            self.import_block(1, &data).ok()?;
-            load = load.min(started.elapsed());
-        }
-        Some(BlockCosts {
-            compute_s: compute.as_secs_f64(),
-            load_s: load.as_secs_f64(),
-            bytes,
-            exports_bytes: true,
-        })
+        let (vocab, block_size) = (self.forward.weights.params.vocab_size, self.block_size);
+        (self.num_blocks > 0).then_some(())?;
+        timing::block_costs(self, vocab, block_size)
     }
 
     fn export_block(&mut self, id: BlockId) -> Option<Vec<u8>> {
@@ -223,58 +150,9 @@ impl Backend for CpuBackend {
         }
     }
 
-    /// Timed: verification steps of each size after a short context, in the blocks the
-    /// engine has not handed out yet; the best of a few runs each, against machine noise.
     fn step_costs(&mut self, max_tokens: usize) -> StepCosts {
-        const CONTEXT: usize = 128;
-        const RUNS: usize = 2;
-        let sizes = StepCosts::sizes_to_measure(max_tokens);
-        let total = CONTEXT + sizes.last().copied().unwrap_or(1);
-        let blocks = total.div_ceil(self.block_size);
-        if blocks > self.num_blocks {
-            return StepCosts::linear();
-        }
-        let vocab = self.forward.weights.params.vocab_size as u32;
-        let tokens: Vec<u32> = (0..total as u32)
-            .map(|i| (i * 7919 + 100) % vocab)
-            .collect();
-        let table: Vec<u32> = (1..=blocks as u32).collect();
-        let params = SamplingParams::default();
-        // The context as a prompt, then steps shaped as the engine's: one output token
-        // already sampled, then the draft.
-        let prompt = BatchSlice {
-            id: 0,
-            tokens: &tokens[..CONTEXT],
-            start: 0,
-            len: CONTEXT,
-            block_table: &table,
-            samples: false,
-            draft: 0,
-            params: &params,
-            num_output_tokens: 0,
-        };
-        let step = |len: usize| BatchSlice {
-            tokens: &tokens[..CONTEXT + len],
-            start: CONTEXT,
-            len,
-            samples: true,
-            draft: len - 1,
-            num_output_tokens: len,
-            ..prompt
-        };
-        self.forward.run(&[prompt]);
-        let mut points = Vec::with_capacity(sizes.len());
-        for n in sizes {
-            let mut best = Duration::MAX;
-            for _ in 0..RUNS {
-                let started = Instant::now();
-                if self.execute(&[step(n)]).is_err() {
-                    return StepCosts::linear();
-                }
-                best = best.min(started.elapsed());
-            }
-            points.push((n, best.as_secs_f64()));
-        }
-        StepCosts::from_points(points).unwrap_or_else(|_| StepCosts::linear())
+        let (vocab, block_size) = (self.forward.weights.params.vocab_size, self.block_size);
+        let free_blocks = self.num_blocks;
+        timing::step_costs(self, vocab, block_size, free_blocks, max_tokens)
     }
 }
