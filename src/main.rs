@@ -5,6 +5,7 @@ mod disagg_cli;
 mod keys;
 mod sim_cli;
 mod spec_cli;
+mod step_bench;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -36,6 +37,9 @@ enum Command {
     /// Simulate a fleet in virtual time (real engines on the sim backend, real gateway
     /// policy) and compare routing policies on the same arrivals.
     Sim(sim_cli::SimArgs),
+    /// Time the CUDA backend's steps directly: decode at several batch sizes and one long
+    /// prompt (a build with `--features cuda`).
+    StepBench(step_bench::StepBenchArgs),
     /// Run the gateway (SIGHUP reloads the config; SIGINT stops at once, SIGTERM gracefully).
     Gateway {
         #[arg(long)]
@@ -120,13 +124,21 @@ enum Command {
     },
     /// Run an inference worker: the engine behind an OpenAI-compatible server.
     Worker {
-        /// `cpu`: the model computed here; `sim`: GPU timing from a hardware profile and
-        /// deterministic tokens.
+        /// `cpu`: the model computed here; `cuda`: the model on an NVIDIA GPU (a build with
+        /// `--features cuda`); `sim`: GPU timing from a hardware profile and deterministic
+        /// tokens.
         #[arg(long, value_enum, default_value = "cpu")]
         backend: Backend,
         /// CPU backend: threads for the matrix products.
         #[arg(long, default_value_t = 1)]
         threads: usize,
+        /// CUDA backend: the device, counted from 0.
+        #[arg(long, default_value_t = 0)]
+        gpu: usize,
+        /// CUDA backend: the share of the device's memory this worker may use (weights, KV
+        /// cache and step buffers), as vLLM's flag of the same name.
+        #[arg(long, default_value_t = 0.9)]
+        gpu_memory_utilization: f64,
         /// CPU backend: memory for the KV cache, in MiB.
         #[arg(long, default_value_t = 512)]
         kv_cache_mib: usize,
@@ -237,12 +249,13 @@ enum Command {
     },
 }
 
-const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum Backend {
     Cpu,
     Sim,
+    Cuda,
 }
 
 fn mib_to_bytes(flag: &str, mib: usize) -> Result<usize, String> {
@@ -322,6 +335,7 @@ fn run(command: Command) -> Result<(), String> {
             Ok(())
         }
         Command::Sim(args) => sim_cli::run(args),
+        Command::StepBench(args) => step_bench::run(args),
         Command::HashKey { generate } => keys::hash_key(generate),
         Command::Gateway {
             config,
@@ -409,6 +423,7 @@ fn run(command: Command) -> Result<(), String> {
                 backend: match backend {
                     Backend::Cpu => "cpu".into(),
                     Backend::Sim => "sim".into(),
+                    Backend::Cuda => "cuda".into(),
                 },
                 port,
                 admin_port: admin_port.unwrap_or(port.wrapping_add(1)),
@@ -423,6 +438,8 @@ fn run(command: Command) -> Result<(), String> {
         Command::Worker {
             backend,
             threads,
+            gpu,
+            gpu_memory_utilization,
             kv_cache_mib,
             kv_offload_mib,
             kv_offload_dir,
@@ -484,6 +501,10 @@ fn run(command: Command) -> Result<(), String> {
                     Backend::Cpu => kvgate_worker::server::BackendChoice::Cpu {
                         threads: threads.max(1),
                         kv_cache_bytes: kv_cache_mib << 20,
+                    },
+                    Backend::Cuda => kvgate_worker::server::BackendChoice::Cuda {
+                        gpu,
+                        memory_utilization: gpu_memory_utilization,
                     },
                 },
                 block_size,

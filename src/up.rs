@@ -309,8 +309,11 @@ fn agent_args(
     .iter()
     .map(|s| s.to_string())
     .collect();
-    if config.backend == "cpu" {
-        args.extend(["--threads".into(), config.threads.to_string()]);
+    match config.backend.as_str() {
+        "cpu" => args.extend(["--threads".into(), config.threads.to_string()]),
+        // One device per worker.
+        "cuda" => args.extend(["--gpu".into(), i.to_string()]),
+        _ => {}
     }
     if let Some(role) = config.role(i) {
         args.extend(["--role".into(), role.into()]);

@@ -3,6 +3,7 @@
 //! reaches the end of its request's known tokens.
 
 pub mod cpu;
+pub mod cuda;
 pub mod emit;
 pub mod profile;
 pub mod sim;

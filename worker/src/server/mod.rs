@@ -45,6 +45,10 @@ pub enum BackendChoice {
         threads: usize,
         kv_cache_bytes: usize,
     },
+    Cuda {
+        gpu: usize,
+        memory_utilization: f64,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -67,6 +71,35 @@ pub struct WorkerConfig {
     pub disk_tier: Option<(std::path::PathBuf, usize)>,
     /// Prefill/decode roles (`None`: colocated).
     pub disagg: Option<disagg::DisaggConfig>,
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_backend(
+    config: &WorkerConfig,
+    model: &ModelFile,
+    gpu: usize,
+    memory_utilization: f64,
+) -> Result<Box<dyn Backend + Send>, String> {
+    let cuda = crate::backend::cuda::CudaConfig {
+        gpu,
+        memory_utilization,
+        block_size: config.block_size,
+    };
+    let backend = crate::backend::cuda::CudaBackend::load(&config.model, model, &cuda)?;
+    tracing::info!(device = backend.describe(), "cuda backend loaded");
+    Ok(Box::new(backend))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_backend(
+    _: &WorkerConfig,
+    _: &ModelFile,
+    _: usize,
+    _: f64,
+) -> Result<Box<dyn Backend + Send>, String> {
+    Err(crate::backend::cuda::unavailable()
+        .unwrap_or("no CUDA backend")
+        .into())
 }
 
 /// Serves until the process ends.
@@ -110,6 +143,13 @@ pub fn run(config: WorkerConfig) -> Result<(), String> {
             tracing::info!(isa = backend.isa().name(), threads, "cpu backend loaded");
             (Box::new(backend), 1.0)
         }
+        BackendChoice::Cuda {
+            gpu,
+            memory_utilization,
+        } => (
+            cuda_backend(&config, &model, *gpu, *memory_utilization)?,
+            1.0,
+        ),
     };
     if let Some(d) = &config.disagg {
         if d.role.prefills() && !config.prefix_caching {

@@ -10,10 +10,16 @@ use kvgate_worker::spec::{Draft, DraftAsk, Drafter};
 use kvgate_worker::{Engine, EngineConfig, SamplingParams};
 use std::path::PathBuf;
 
+/// The worker crate's directory: where it was built, or `KVGATE_WORKER_DIR` for a test
+/// binary run elsewhere (`scripts/gpu-check` on a machine without the build tree).
+pub fn worker_dir() -> PathBuf {
+    std::env::var_os("KVGATE_WORKER_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+}
+
 /// The default model, fetched by `scripts/fetch-model` (the test command runs it).
 pub fn default_model() -> PathBuf {
-    let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let path = worker_dir().join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(
         path.exists(),
         "{} is missing: run scripts/fetch-model",
@@ -58,7 +64,7 @@ pub struct Golden {
 }
 
 pub fn golden() -> Golden {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    let dir = worker_dir().join("tests/golden");
     let reference: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
             .unwrap();
@@ -106,7 +112,16 @@ pub fn engine_with_cache(
     threads: usize,
     kv_cache_bytes: usize,
 ) -> Engine<CpuBackend> {
-    let config = EngineConfig {
+    Engine::new(
+        engine_config(model),
+        backend_with_cache(model, threads, kv_cache_bytes),
+    )
+    .unwrap()
+}
+
+/// The engine the golden tests run: blocks of 16, chunks of 512 tokens, 32 sequences.
+pub fn engine_config(model: &ModelFile) -> EngineConfig {
+    EngineConfig {
         block_size: 16,
         num_blocks: None,
         max_model_len: 2048,
@@ -118,8 +133,7 @@ pub fn engine_with_cache(
         },
         hash_seed: HashSeed::new("test", None, ""),
         eos_token_ids: model.prompt.tokenizer.eos_token_id.into_iter().collect(),
-    };
-    Engine::new(config, backend_with_cache(model, threads, kv_cache_bytes)).unwrap()
+    }
 }
 
 pub fn greedy(max_tokens: u32) -> SamplingParams {
@@ -130,7 +144,9 @@ pub fn greedy(max_tokens: u32) -> SamplingParams {
     }
 }
 
-pub fn run(e: &mut Engine<CpuBackend>) -> std::collections::HashMap<u64, Vec<u32>> {
+pub fn run<B: kvgate_worker::backend::Backend>(
+    e: &mut Engine<B>,
+) -> std::collections::HashMap<u64, Vec<u32>> {
     let mut out: std::collections::HashMap<u64, Vec<u32>> = Default::default();
     while e.has_work() {
         for t in e.step().unwrap().tokens {

@@ -1,0 +1,262 @@
+//! The CUDA backend's forward pass and kernels, run on the CPU by the emulator
+//! (`common/emulator.rs`: `kernels.cu` compiled as C++), against the CPU backend on the same
+//! model cut to two layers: the same logits bit for bit on prompts, decode steps, a batch of
+//! both and a drafted step, and the same K/V through export and import. The device runs the
+//! same source (compiled by NVRTC with no fused multiply-adds but those written out), so this
+//! checks on every machine what `cuda_backend.rs` checks on a GPU. Needs g++ (C++20): without
+//! it the tests say so loudly, and fail where `KVGATE_REQUIRE_EMULATOR` is set (the test
+//! command sets it).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+#[path = "common/emulator.rs"]
+mod emulator;
+
+use common::{default_model, golden, ids, TempFile};
+use kvgate_worker::backend::cpu::{CpuBackend, CpuConfig};
+use kvgate_worker::backend::cuda::{CudaBackend, CudaConfig};
+use kvgate_worker::backend::{Backend, BatchSlice};
+use kvgate_worker::model::{cut_layers, ModelFile};
+use kvgate_worker::SamplingParams;
+use std::sync::Arc;
+
+struct Pair {
+    cpu: CpuBackend,
+    gpu: CudaBackend,
+    _model: TempFile,
+}
+
+fn backends(name: &str) -> Option<Pair> {
+    let emulator = match emulator::Emulator::build(64) {
+        Ok(e) => e,
+        Err(e) => {
+            let message = format!(
+                "the CUDA emulator cannot be built, the emulated CUDA tests did NOT run: {e}"
+            );
+            assert!(
+                std::env::var_os("KVGATE_REQUIRE_EMULATOR").is_none(),
+                "{message}"
+            );
+            eprintln!("SKIPPED: {message}");
+            return None;
+        }
+    };
+    let cut = TempFile::new(&format!("{name}-2-layers.gguf"));
+    cut_layers(&default_model(), &cut.0, 2).unwrap();
+    let model = ModelFile::open(&cut.0).unwrap();
+    let cpu = CpuBackend::load(
+        &cut.0,
+        &model,
+        &CpuConfig {
+            threads: 1,
+            kv_cache_bytes: 8 << 20,
+            block_size: 16,
+        },
+    )
+    .unwrap();
+    let config = CudaConfig {
+        gpu: 0,
+        memory_utilization: 0.1,
+        block_size: 16,
+    };
+    let gpu = CudaBackend::on(Arc::new(emulator), &cut.0, &model, &config).unwrap();
+    Some(Pair {
+        cpu,
+        gpu,
+        _model: cut,
+    })
+}
+
+fn slice<'a>(
+    tokens: &'a [u32],
+    start: usize,
+    table: &'a [u32],
+    params: &'a SamplingParams,
+    num_output_tokens: usize,
+) -> BatchSlice<'a> {
+    BatchSlice {
+        id: 0,
+        tokens,
+        start,
+        len: tokens.len() - start,
+        block_table: table,
+        samples: true,
+        draft: 0,
+        params,
+        num_output_tokens,
+    }
+}
+
+/// Both backends' logits rows for `batch`, which must be equal bit for bit.
+fn same_logits(pair: &mut Pair, batch: &[BatchSlice<'_>], what: &str) {
+    let cpu = pair.cpu.logits(batch);
+    let gpu = pair.gpu.logits(batch).unwrap();
+    assert_eq!(cpu.len(), gpu.len(), "{what}: rows");
+    for (row, ((i, c), (j, g))) in cpu.iter().zip(&gpu).enumerate() {
+        assert_eq!(i, j, "{what}: row {row}'s slice");
+        let differing = c
+            .iter()
+            .zip(g)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        let max = c
+            .iter()
+            .zip(g)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert_eq!(
+            differing, 0,
+            "{what}: row {row}: {differing} logits differ (max |diff| {max})"
+        );
+    }
+}
+
+#[test]
+fn prompts_decode_steps_and_a_batch_of_both_give_the_cpu_backends_bits() {
+    let Some(mut pair) = backends("steps") else {
+        return;
+    };
+    let g = golden();
+    let greedy = SamplingParams {
+        temperature: 0.0,
+        ..Default::default()
+    };
+    // A short prompt, then three decode steps on its cached K/V (the single-token order).
+    let mut tokens = ids(&g.cases[19]);
+    let prompt_len = tokens.len();
+    let table = [1u32, 2];
+    same_logits(
+        &mut pair,
+        &[slice(&tokens, 0, &table, &greedy, 0)],
+        "prompt",
+    );
+    for step in 0..3 {
+        let out = pair
+            .cpu
+            .execute(&[slice(&tokens, 0, &table, &greedy, 0)])
+            .unwrap();
+        tokens.push(out.sampled[0].token);
+        let start = tokens.len() - 1;
+        let decode = slice(&tokens, start, &table, &greedy, tokens.len() - prompt_len);
+        same_logits(&mut pair, &[decode], &format!("decode step {step}"));
+    }
+    // A batch: another prompt's second chunk (its first chunk's K/V read from the cache)
+    // beside a decode token.
+    let other = ids(&g.cases[12]);
+    let other_table = [3u32];
+    let first_chunk = BatchSlice {
+        samples: false,
+        len: 4,
+        ..slice(&other, 0, &other_table, &greedy, 0)
+    };
+    same_logits(&mut pair, &[first_chunk], "first chunk");
+    let start = tokens.len() - 1;
+    let batch = [
+        slice(&other, 4, &other_table, &greedy, 0),
+        slice(&tokens, start, &table, &greedy, tokens.len() - prompt_len),
+    ];
+    same_logits(&mut pair, &batch, "prompt chunk beside a decode token");
+    // Three decode tokens at once: a step recorded as a graph of four tokens (one of them
+    // padding) and replayed.
+    let next = pair.cpu.execute(&batch).unwrap().sampled[0].token;
+    let mut other = other;
+    other.push(next);
+    let third = ids(&g.cases[10]);
+    let third_table = [6u32];
+    same_logits(
+        &mut pair,
+        &[slice(&third, 0, &third_table, &greedy, 0)],
+        "third prompt",
+    );
+    let mut third = third;
+    third.push(
+        pair.cpu
+            .execute(&[slice(&third, 0, &third_table, &greedy, 0)])
+            .unwrap()
+            .sampled[0]
+            .token,
+    );
+    for round in 0..2 {
+        let decodes = [
+            slice(
+                &tokens,
+                tokens.len() - 1,
+                &table,
+                &greedy,
+                tokens.len() - prompt_len,
+            ),
+            slice(&other, other.len() - 1, &other_table, &greedy, 1 + round),
+            slice(&third, third.len() - 1, &third_table, &greedy, 1 + round),
+        ];
+        same_logits(
+            &mut pair,
+            &decodes,
+            &format!("three decode tokens, round {round}"),
+        );
+        let out = pair.cpu.execute(&decodes).unwrap();
+        tokens.push(out.sampled[0].token);
+        other.push(out.sampled[1].token);
+        third.push(out.sampled[2].token);
+    }
+    // The decode steps ran as recorded graphs (the one-token graph went when the four-row
+    // step grew the buffers its addresses pointed into; the four-token one is kept).
+    assert_eq!(pair.gpu.graphs(), 1);
+}
+
+#[test]
+fn a_drafted_step_and_sampling_give_the_cpu_backends_tokens() {
+    let Some(mut pair) = backends("draft") else {
+        return;
+    };
+    let prompt = ids(&golden().cases[10]);
+    let greedy = SamplingParams {
+        temperature: 0.0,
+        ..Default::default()
+    };
+    let mut tokens = prompt.clone();
+    tokens.extend([42, 1337, 7]);
+    let table = [5u32];
+    let drafted = BatchSlice {
+        draft: 3,
+        ..slice(&tokens, 0, &table, &greedy, 3)
+    };
+    same_logits(&mut pair, &[drafted], "drafted step");
+    let cpu = pair.cpu.execute(&[drafted]).unwrap();
+    let gpu = pair.gpu.execute(&[drafted]).unwrap();
+    assert_eq!(cpu.sampled, gpu.sampled);
+    // Sampled with log-probabilities: the logits come to the host and the same draw follows.
+    let sampled = SamplingParams {
+        temperature: 0.9,
+        top_k: 20,
+        seed: Some(3),
+        logprobs: Some(2),
+        ..Default::default()
+    };
+    let step = slice(&prompt, 0, &table, &sampled, 0);
+    assert_eq!(
+        pair.cpu.execute(&[step]).unwrap().sampled,
+        pair.gpu.execute(&[step]).unwrap().sampled
+    );
+}
+
+#[test]
+fn a_block_moved_through_export_and_import_holds_the_cpu_backends_k_and_v() {
+    let Some(mut pair) = backends("blocks") else {
+        return;
+    };
+    let prompt: Vec<u32> = ids(&golden().cases[1]).into_iter().take(16).collect();
+    let params = SamplingParams::default();
+    let step = BatchSlice {
+        samples: false,
+        ..slice(&prompt, 0, &[2], &params, 0)
+    };
+    pair.cpu.execute(&[step]).unwrap();
+    pair.gpu.execute(&[step]).unwrap();
+    // The same K/V, in the same export format, both ways round.
+    let from_cpu = pair.cpu.export_block(2).unwrap();
+    assert_eq!(pair.gpu.export_block(2).unwrap(), from_cpu);
+    pair.gpu.import_block(4, &from_cpu).unwrap();
+    assert_eq!(pair.gpu.export_block(4).unwrap(), from_cpu);
+    assert!(pair.gpu.import_block(4, &from_cpu[2..]).is_err());
+    assert!(pair.gpu.export_block(0).is_none());
+}
