@@ -220,6 +220,13 @@ impl Forward {
         if l.num_tokens.div_ceil(PRODUCT_TOKENS) > GRID_LIMIT {
             return Err(format!("a step of {} tokens is too large", l.num_tokens));
         }
+        if self.weights.params.heads * l.max_visible > SCORES_FLOATS {
+            return Err(format!(
+                "a token attends over {} positions: the attention scores buffer holds one row of at most {}",
+                l.max_visible,
+                SCORES_FLOATS / self.weights.params.heads
+            ));
+        }
         if self.graph_tokens(plan) == Some(l.num_tokens) {
             let stride = l.max_visible.next_power_of_two().max(THREADS as usize);
             self.reserve(plan, stride)?;
