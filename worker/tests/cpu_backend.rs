@@ -19,7 +19,10 @@ use kvgate_worker::{NewRequest, SamplingParams};
 
 mod common;
 
-use common::{backend, default_model, engine, golden, greedy, ids, run};
+use common::{
+    backend, check_first_step_logits, default_model, engine, golden, greedy, greedy_agreement, ids,
+    run,
+};
 
 /// Prompts (of 20) whose 32-token greedy continuation must equal llama.cpp's (the issue's
 /// bar; measured: 20).
@@ -54,84 +57,19 @@ fn prompts_tokenize_and_render_as_llama_cpp_does() {
     }
 }
 
-/// The golden logits are stored as f16, so "equal" means: ours, rounded to f16 the same way,
-/// give the same bits — which an f32 difference of even one unit in the last place can break
-/// only when it straddles an f16 rounding boundary (then the test reports it).
 #[test]
 fn first_step_logits_equal_llama_cpp() {
     let model = ModelFile::open(&default_model()).unwrap();
     let mut cpu = backend(&model, 1);
-    let g = golden();
-    let vocab = model.params.vocab_size;
-    let params = SamplingParams::default();
-    for (n, case) in g.cases.iter().enumerate() {
-        let prompt = ids(case);
-        let table: Vec<u32> = (1..=prompt.len().div_ceil(16) as u32).collect();
-        let slice = BatchSlice {
-            id: 0,
-            tokens: &prompt,
-            start: 0,
-            len: prompt.len(),
-            block_table: &table,
-            samples: true,
-            draft: 0,
-            params: &params,
-            num_output_tokens: 0,
-        };
-        let logits = cpu.logits(&[slice]).remove(0).1;
-        let reference = &g.logits[n * vocab..(n + 1) * vocab];
-        let differing = logits
-            .iter()
-            .zip(reference)
-            .filter(|(a, b)| half::f16::from_f32(**a).to_f32() != **b)
-            .count();
-        let diff = logits
-            .iter()
-            .zip(reference)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
-        assert_eq!(
-            differing, 0,
-            "case {n}: {differing} of {vocab} logits differ from llama.cpp's (max |diff| {diff})"
-        );
-        let top1 = kvgate_worker::sample::argmax(&logits);
-        assert_eq!(u64::from(top1), case["top1"].as_u64().unwrap(), "case {n}");
-    }
+    check_first_step_logits(&model, |batch| cpu.logits(batch).remove(0).1);
 }
 
 #[test]
 fn greedy_continuations_equal_llama_cpp() {
     let model = ModelFile::open(&default_model()).unwrap();
-    let g = golden();
     // All 20 at once, on two threads: batching, chunked prefill and threading must not change
     // any request's tokens.
-    let mut e = engine(&model, 2);
-    for (n, case) in g.cases.iter().enumerate() {
-        e.add_request(NewRequest {
-            id: n as u64,
-            prompt: ids(case),
-            params: greedy(32),
-            priority: 0,
-        })
-        .unwrap();
-    }
-    let out = run(&mut e);
-    let mut agree = 0;
-    for (n, case) in g.cases.iter().enumerate() {
-        let expected: Vec<u32> = serde_json::from_value(case["greedy"].clone()).unwrap();
-        let ours = out.get(&(n as u64)).cloned().unwrap_or_default();
-        if ours == expected {
-            agree += 1;
-        } else {
-            let same = ours
-                .iter()
-                .zip(&expected)
-                .take_while(|(a, b)| a == b)
-                .count();
-            eprintln!("case {n}: diverges after {same} tokens: {ours:?} vs {expected:?}");
-        }
-    }
-    eprintln!("greedy 32-token continuations equal llama.cpp's on {agree} of 20 prompts");
+    let agree = greedy_agreement(&mut engine(&model, 2));
     assert!(
         agree >= GREEDY_AGREEMENT,
         "greedy continuations equal llama.cpp's on {agree} of 20 prompts"

@@ -99,6 +99,97 @@ pub fn backend_with_cache(model: &ModelFile, threads: usize, kv_cache_bytes: usi
     .unwrap()
 }
 
+/// The body every backend's golden test runs: the 20 golden prompts' first-step logits, from
+/// `logits` (one prompt slice in, its logits row out), against llama.cpp's, which are stored
+/// as f16 — so "equal" means: ours, rounded to f16 the same way, give the same bits (an f32
+/// difference of one unit in the last place can break that only when it straddles an f16
+/// rounding boundary, and then this reports it). Panics on any difference.
+pub fn check_first_step_logits(
+    model: &ModelFile,
+    mut logits: impl FnMut(&[kvgate_worker::backend::BatchSlice<'_>]) -> Vec<f32>,
+) {
+    let g = golden();
+    let vocab = model.params.vocab_size;
+    let params = SamplingParams::default();
+    let mut differing_prompts = Vec::new();
+    for (n, case) in g.cases.iter().enumerate() {
+        let prompt = ids(case);
+        let table: Vec<u32> = (1..=prompt.len().div_ceil(16) as u32).collect();
+        let slice = kvgate_worker::backend::BatchSlice {
+            id: 0,
+            tokens: &prompt,
+            start: 0,
+            len: prompt.len(),
+            block_table: &table,
+            samples: true,
+            draft: 0,
+            params: &params,
+            num_output_tokens: 0,
+        };
+        let ours = logits(&[slice]);
+        let reference = &g.logits[n * vocab..(n + 1) * vocab];
+        let differing = ours
+            .iter()
+            .zip(reference)
+            .filter(|(a, b)| half::f16::from_f32(**a).to_f32() != **b)
+            .count();
+        let max = ours
+            .iter()
+            .zip(reference)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        let top1 = kvgate_worker::sample::argmax(&ours);
+        let same_top1 = u64::from(top1) == case["top1"].as_u64().unwrap_or(u64::MAX);
+        if differing > 0 || !same_top1 {
+            eprintln!(
+                "case {n} ({} tokens): {differing} of {vocab} logits differ from llama.cpp's (max |diff| {max}), top-1 {}",
+                prompt.len(),
+                if same_top1 { "the same" } else { "DIFFERS" }
+            );
+            differing_prompts.push(n);
+        }
+    }
+    assert!(
+        differing_prompts.is_empty(),
+        "first-step logits differ from llama.cpp's on prompts {differing_prompts:?}"
+    );
+}
+
+/// The other half of the golden test: all 20 prompts at once through `engine` (batching and
+/// chunked prefill included), 32 greedy tokens each; how many continuations equal
+/// llama.cpp's (each divergence printed).
+pub fn greedy_agreement<B: kvgate_worker::backend::Backend>(engine: &mut Engine<B>) -> usize {
+    let g = golden();
+    for (n, case) in g.cases.iter().enumerate() {
+        engine
+            .add_request(kvgate_worker::NewRequest {
+                id: n as u64,
+                prompt: ids(case),
+                params: greedy(32),
+                priority: 0,
+            })
+            .unwrap();
+    }
+    let out = run(engine);
+    let mut agree = 0;
+    for (n, case) in g.cases.iter().enumerate() {
+        let expected: Vec<u32> = serde_json::from_value(case["greedy"].clone()).unwrap();
+        let ours = out.get(&(n as u64)).cloned().unwrap_or_default();
+        if ours == expected {
+            agree += 1;
+        } else {
+            let same = ours
+                .iter()
+                .zip(&expected)
+                .take_while(|(a, b)| a == b)
+                .count();
+            eprintln!("case {n}: diverges after {same} tokens: {ours:?} vs {expected:?}");
+        }
+    }
+    eprintln!("greedy 32-token continuations equal llama.cpp's on {agree} of 20 prompts");
+    agree
+}
+
 pub fn ids(case: &serde_json::Value) -> Vec<u32> {
     serde_json::from_value(case["ids"].clone()).unwrap()
 }
