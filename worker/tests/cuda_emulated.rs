@@ -14,6 +14,7 @@ mod emulator;
 
 use common::{default_model, golden, ids, TempFile};
 use kvgate_worker::backend::cpu::{CpuBackend, CpuConfig};
+use kvgate_worker::backend::cuda::gpu::Gpu;
 use kvgate_worker::backend::cuda::{CudaBackend, CudaConfig};
 use kvgate_worker::backend::{Backend, BatchSlice};
 use kvgate_worker::model::{cut_layers, ModelFile};
@@ -259,4 +260,37 @@ fn a_block_moved_through_export_and_import_holds_the_cpu_backends_k_and_v() {
     assert_eq!(pair.gpu.export_block(4).unwrap(), from_cpu);
     assert!(pair.gpu.import_block(4, &from_cpu[2..]).is_err());
     assert!(pair.gpu.export_block(0).is_none());
+}
+
+#[test]
+fn settings_and_memory_the_backend_cannot_use_are_one_line_errors() {
+    let emulator = match emulator::Emulator::build(64) {
+        Ok(e) => e,
+        Err(e) => {
+            assert!(std::env::var_os("KVGATE_REQUIRE_EMULATOR").is_none(), "{e}");
+            eprintln!("SKIPPED: the CUDA emulator cannot be built: {e}");
+            return;
+        }
+    };
+    let gpu: Arc<dyn Gpu> = Arc::new(emulator);
+    let model = ModelFile::open(&default_model()).unwrap();
+    let config = |memory_utilization: f64, block_size: usize| CudaConfig {
+        gpu: 0,
+        memory_utilization,
+        block_size,
+    };
+    let error = |c: CudaConfig| {
+        CudaBackend::on(Arc::clone(&gpu), &default_model(), &model, &c)
+            .err()
+            .unwrap()
+    };
+    for utilization in [0.0, -0.5, 1.5, f64::NAN] {
+        let e = error(config(utilization, 16));
+        assert!(e.contains("--gpu-memory-utilization"), "{e}");
+    }
+    assert!(error(config(0.5, 0)).contains("--block-size"));
+    // 1 % of the emulator's 16 GiB is less than the step buffers' reserve.
+    let e = error(config(0.01, 16));
+    assert!(e.contains("no device memory left for the KV cache"), "{e}");
+    assert!(!e.contains('\n'), "{e}");
 }
