@@ -28,9 +28,9 @@ template <typename... A> std::function<void(void**)> invoker(void (*f)(A...)) {
 
 #define KERNEL(name) {#name, invoker(&name)}
 const std::map<std::string, std::function<void(void**)>> kernels = {
-    KERNEL(embed),       KERNEL(rms_norm_q8), KERNEL(quantize_q8),  KERNEL(silu_q8),
-    KERNEL(matmul_q),    KERNEL(rope_store),  KERNEL(attn_scores),  KERNEL(attn_softmax),
-    KERNEL(attn_pv),     KERNEL(argmax),
+    KERNEL(embed),       KERNEL(rms_norm_q8), KERNEL(silu_q8),      KERNEL(matmul_q),
+    KERNEL(rope_store),  KERNEL(attn_scores), KERNEL(attn_softmax), KERNEL(attn_pv),
+    KERNEL(argmax),
 };
 
 }  // namespace

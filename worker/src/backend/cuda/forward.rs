@@ -33,7 +33,6 @@ struct Buffers {
     ad: Buffer,
     asum: Buffer,
     qkv: Buffer,
-    att: Buffer,
     gate_up: Buffer,
     scores: Buffer,
     plan: Buffer,
@@ -150,7 +149,6 @@ impl Forward {
             ad: floats(rows * widest / 32)?,
             asum: floats(rows * widest / 32)?,
             qkv: floats(tokens * (q_dim + 2 * kv_dim))?,
-            att: floats(tokens * q_dim)?,
             gate_up: floats(tokens * 2 * p.ffn)?,
             scores: floats(scores_len)?,
             plan: floats(plan_len)?,
@@ -283,10 +281,9 @@ impl Forward {
         let (tokens, slots, rope) = (at(l.tokens), at(l.slots), at(l.rope));
         let (table_start, visible, tables) = (at(l.table_start), at(l.visible), at(l.tables));
         let (order, sample_rows) = (at(l.order), at(l.sample_rows));
-        let (x, qkv, att, gate_up, scores) = (
+        let (x, qkv, gate_up, scores) = (
             Ptr(b.x.ptr()),
             Ptr(b.qkv.ptr()),
-            Ptr(b.att.ptr()),
             Ptr(b.gate_up.ptr()),
             Ptr(b.scores.ptr()),
         );
@@ -361,29 +358,23 @@ impl Forward {
                     THREADS,
                     &[scores, visible, heads, stride_i, token0],
                 )?;
-                self.launch(
-                    "attn_pv",
-                    (n, p.heads as u32, 1),
-                    p.head_dim as u32,
-                    &[
-                        scores,
-                        v_cache,
-                        tables,
-                        table_start,
-                        visible,
-                        order,
-                        att,
-                        heads,
-                        kv_heads,
-                        block_size,
-                        stride_i,
-                        token0,
-                    ],
-                )?;
+                // The weighted values, quantised as the output product's input.
+                let mut args = vec![
+                    scores,
+                    v_cache,
+                    tables,
+                    table_start,
+                    visible,
+                    order,
+                    heads,
+                    kv_heads,
+                    block_size,
+                    stride_i,
+                    token0,
+                ];
+                args.extend(quantised);
+                self.launch("attn_pv", (n, p.heads as u32, 1), p.head_dim as u32, &args)?;
             }
-            let mut args = vec![att, I32(q_dim as i32)];
-            args.extend(quantised);
-            self.launch("quantize_q8", grid_t, THREADS, &args)?;
             self.product(&layer.wo, a, q_dim, t, b.x.ptr(), true)?;
             norm_q8(&layer.ffn_norm, t, no_rows)?;
             self.product(&layer.gate_up, a, p.hidden, t, b.gate_up.ptr(), false)?;

@@ -147,17 +147,6 @@ extern "C" __global__ void rms_norm_q8(const float* x, const float* w, const int
     }
 }
 
-// One block per row: quantises `x` [rows, cols] f32.
-extern "C" __global__ void quantize_q8(const float* x, int cols, signed char* q, float* d,
-                                       float* s) {
-    int r = blockIdx.x, blocks = cols / QK;
-    for (int b = threadIdx.x / 32; b < blocks; b += THREADS / 32) {
-        float v = x[(long long)r * cols + b * QK + threadIdx.x % 32];
-        quantize_block(v, q + (long long)r * cols + b * QK, d + (long long)r * blocks + b,
-                       s + (long long)r * blocks + b);
-    }
-}
-
 // One block per token: SwiGLU of its [gate | up] row, gate / (1 + exp(-gate)) * up, quantised.
 extern "C" __global__ void silu_q8(const float* gate_up, int ffn, signed char* q, float* d,
                                    float* s) {
@@ -350,17 +339,19 @@ extern "C" __global__ void attn_softmax(float* scores, const int* visible, int h
 
 // One block per (token, head), one thread per output dimension d: Σ_j p_j v_j[d] in
 // llama.cpp's order (position j fused into slot j % 8 for a prompt, j % 32 for a single
-// token, the slots then summed as its dot products' lanes are).
+// token, the slots then summed as its dot products' lanes are), quantised for the output
+// projection (each warp's 32 dimensions are one of the row's blocks).
 extern "C" __global__ void attn_pv(const float* scores, const f16* v_cache, const int* tables,
                                    const int* table_start, const int* visible,
-                                   const int* order, float* out, int heads, int kv_heads,
-                                   int block_size, int stride, int token0) {
-    int t = token0 + blockIdx.x, head = blockIdx.y, d = threadIdx.x;
+                                   const int* order, int heads, int kv_heads, int block_size,
+                                   int stride, int token0, signed char* q, float* d,
+                                   float* s) {
+    int t = token0 + blockIdx.x, head = blockIdx.y, dim = threadIdx.x;
     const float* p = scores + ((long long)blockIdx.x * heads + head) * stride;
     const int* table = tables + table_start[t];
     int n = visible[t];
     int kv_dim = kv_heads * HEAD_DIM;
-    const f16* v = v_cache + (head / (heads / kv_heads)) * HEAD_DIM + d;
+    const f16* v = v_cache + (head / (heads / kv_heads)) * HEAD_DIM + dim;
     float r;
     if (order[t] == ORDER_PROMPT) {
         float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -382,7 +373,10 @@ extern "C" __global__ void attn_pv(const float* scores, const f16* v_cache, cons
         for (int i = 0; i < 8; i++) x[i] = (l[i] + l[16 + i]) + (l[8 + i] + l[24 + i]);
         r = ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
     }
-    out[(long long)t * heads * HEAD_DIM + head * HEAD_DIM + d] = r;
+    long long q_dim = heads * HEAD_DIM, first = (long long)t * q_dim + head * HEAD_DIM;
+    int block = (head * HEAD_DIM + dim) / QK;
+    quantize_block(r, q + first + dim / QK * QK, d + t * (q_dim / QK) + block,
+                   s + t * (q_dim / QK) + block);
 }
 
 // One block per row: the index of its largest logit (the lowest index among equals).

@@ -24,10 +24,9 @@ pub use backend::CudaBackend;
 pub const KERNELS: &str = include_str!("kernels.cu");
 
 /// Every kernel the forward pass launches.
-pub const NAMES: [&str; 10] = [
+pub const NAMES: [&str; 9] = [
     "embed",
     "rms_norm_q8",
-    "quantize_q8",
     "silu_q8",
     "matmul_q",
     "rope_store",
