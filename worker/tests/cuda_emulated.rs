@@ -294,3 +294,128 @@ fn settings_and_memory_the_backend_cannot_use_are_one_line_errors() {
     assert!(e.contains("no device memory left for the KV cache"), "{e}");
     assert!(!e.contains('\n'), "{e}");
 }
+
+/// The matrix-product kernel alone, on every weight format the backend takes (this model has
+/// no Q4_0 matrix), against the CPU backend's product: a row count that leaves lanes idle,
+/// two token tiles, and adding into what the output holds.
+#[test]
+fn every_weight_format_multiplies_to_the_cpu_backends_bits() {
+    use kvgate_worker::backend::cpu::acts::Activations;
+    use kvgate_worker::backend::cpu::dot::Isa;
+    use kvgate_worker::backend::cpu::matmul::Matmul;
+    use kvgate_worker::backend::cpu::quant::WeightType;
+    use kvgate_worker::backend::cpu::team::Team;
+    use kvgate_worker::backend::cpu::weights::{block_scales, Matrix, MatrixData};
+    use kvgate_worker::backend::cuda::gpu::{Arg, Buffer};
+    use kvgate_worker::backend::cuda::weights::product;
+
+    let emulator = match emulator::Emulator::build(64) {
+        Ok(e) => e,
+        Err(e) => {
+            assert!(std::env::var_os("KVGATE_REQUIRE_EMULATOR").is_none(), "{e}");
+            eprintln!("SKIPPED: the CUDA emulator cannot be built: {e}");
+            return;
+        }
+    };
+    let gpu: Arc<dyn Gpu> = Arc::new(emulator);
+    let (rows, cols, tokens) = (40usize, 96usize, 11usize);
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1);
+        (state >> 33) as u32
+    };
+    let team = Team::new(1).unwrap();
+    let isa = Isa::detect();
+    for kind in [WeightType::Q4_0, WeightType::Q4_1, WeightType::Q8_0] {
+        // Blocks with sane f16 scales (and Q4_1 offsets) and random values.
+        let (size, header) = match kind {
+            WeightType::Q4_1 => (20, 4),
+            WeightType::Q8_0 => (34, 2),
+            _ => (18, 2),
+        };
+        let mut bytes = Vec::new();
+        for _ in 0..rows * cols / 32 {
+            let d = half::f16::from_f32(0.01 + (next() % 1000) as f32 * 1e-4);
+            bytes.extend(d.to_le_bytes());
+            if header == 4 {
+                let m = half::f16::from_f32((next() % 1000) as f32 * 1e-3 - 0.5);
+                bytes.extend(m.to_le_bytes());
+            }
+            bytes.extend((header..size).map(|_| next() as u8));
+        }
+        let (d, m) = block_scales(kind, &bytes);
+        let matrix = Matrix {
+            rows,
+            cols,
+            data: MatrixData::Quantized {
+                kind,
+                bytes,
+                row_bytes: kind.row_bytes(cols),
+                d,
+                m,
+            },
+        };
+        let xs: Vec<f32> = (0..tokens * cols)
+            .map(|_| (next() % 6000) as f32 * 1e-3 - 3.0)
+            .collect();
+        let mut acts = Activations::default();
+        acts.reserve(tokens);
+        for t in 0..tokens {
+            acts.rows[t].quantize(&xs[t * cols..(t + 1) * cols]);
+        }
+        acts.pack(tokens, isa.tiles_groups(), &team);
+        let mut cpu = vec![0f32; tokens * rows];
+        Matmul { isa, team: &team }.run(&matrix, &acts, &xs, tokens, &mut cpu, &mut Vec::new());
+
+        let device = product(&gpu, "test", &[&matrix]).unwrap();
+        let part = &device.parts[0];
+        let codes: Vec<i8> = acts.rows[..tokens]
+            .iter()
+            .flat_map(|r| r.q.clone())
+            .collect();
+        let scales: Vec<f32> = acts.rows[..tokens]
+            .iter()
+            .flat_map(|r| r.d.clone())
+            .collect();
+        let sums: Vec<f32> = acts.rows[..tokens]
+            .iter()
+            .flat_map(|r| r.s.clone())
+            .collect();
+        let (aq, ad, asum) = (
+            Buffer::from(&gpu, &codes).unwrap(),
+            Buffer::from(&gpu, &scales).unwrap(),
+            Buffer::from(&gpu, &sums).unwrap(),
+        );
+        let out = Buffer::zeros(&gpu, 4 * tokens * rows).unwrap();
+        let multiply = |accumulate: i32| {
+            let args = [
+                Arg::Ptr(part.qs.ptr()),
+                Arg::Ptr(part.d.ptr()),
+                Arg::Ptr(part.m.ptr()),
+                Arg::I32(part.kind),
+                Arg::I32(rows as i32),
+                Arg::I32(cols as i32),
+                Arg::Ptr(aq.ptr()),
+                Arg::Ptr(ad.ptr()),
+                Arg::Ptr(asum.ptr()),
+                Arg::I32(tokens as i32),
+                Arg::Ptr(out.ptr()),
+                Arg::I32(rows as i32),
+                Arg::I32(accumulate),
+            ];
+            let grid = (rows.div_ceil(16) as u32, tokens.div_ceil(8) as u32, 1);
+            gpu.launch("matmul_q", grid, 128, &args).unwrap();
+            out.read::<f32>(0, tokens * rows).unwrap()
+        };
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&multiply(0)), bits(&cpu), "{kind:?}");
+        let doubled: Vec<f32> = cpu.iter().map(|v| v + v).collect();
+        assert_eq!(
+            bits(&multiply(1)),
+            bits(&doubled),
+            "{kind:?}, added into the output"
+        );
+    }
+}

@@ -15,7 +15,7 @@ pub mod gpu;
 #[cfg(feature = "cuda")]
 pub mod kernels;
 pub mod plan;
-mod weights;
+pub mod weights;
 
 pub use backend::CudaBackend;
 

@@ -83,7 +83,7 @@ struct HostMatrix {
 }
 
 /// `matrices` fused into one when they share a format, else each on its own.
-fn product(gpu: &Arc<dyn Gpu>, name: &str, matrices: &[&Matrix]) -> Result<Product, String> {
+pub fn product(gpu: &Arc<dyn Gpu>, name: &str, matrices: &[&Matrix]) -> Result<Product, String> {
     let mut parts: Vec<HostMatrix> = Vec::new();
     for m in matrices {
         let MatrixData::Quantized {
