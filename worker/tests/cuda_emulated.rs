@@ -27,9 +27,11 @@ struct Pair {
     _model: TempFile,
 }
 
-fn backends(name: &str) -> Option<Pair> {
-    let emulator = match emulator::Emulator::build(64) {
-        Ok(e) => e,
+/// The emulator for heads of 64 (the model's), or `None`, said loudly, where g++ cannot
+/// build it.
+fn emulator() -> Option<emulator::Emulator> {
+    match emulator::Emulator::build(64) {
+        Ok(e) => Some(e),
         Err(e) => {
             let message = format!(
                 "the CUDA emulator cannot be built, the emulated CUDA tests did NOT run: {e}"
@@ -39,9 +41,13 @@ fn backends(name: &str) -> Option<Pair> {
                 "{message}"
             );
             eprintln!("SKIPPED: {message}");
-            return None;
+            None
         }
-    };
+    }
+}
+
+fn backends(name: &str) -> Option<Pair> {
+    let emulator = emulator()?;
     let cut = TempFile::new(&format!("{name}-2-layers.gguf"));
     cut_layers(&default_model(), &cut.0, 2).unwrap();
     let model = ModelFile::open(&cut.0).unwrap();
@@ -264,14 +270,7 @@ fn a_block_moved_through_export_and_import_holds_the_cpu_backends_k_and_v() {
 
 #[test]
 fn settings_and_memory_the_backend_cannot_use_are_one_line_errors() {
-    let emulator = match emulator::Emulator::build(64) {
-        Ok(e) => e,
-        Err(e) => {
-            assert!(std::env::var_os("KVGATE_REQUIRE_EMULATOR").is_none(), "{e}");
-            eprintln!("SKIPPED: the CUDA emulator cannot be built: {e}");
-            return;
-        }
-    };
+    let Some(emulator) = emulator() else { return };
     let gpu: Arc<dyn Gpu> = Arc::new(emulator);
     let model = ModelFile::open(&default_model()).unwrap();
     let config = |memory_utilization: f64, block_size: usize| CudaConfig {
@@ -309,14 +308,7 @@ fn every_weight_format_multiplies_to_the_cpu_backends_bits() {
     use kvgate_worker::backend::cuda::gpu::{Arg, Buffer};
     use kvgate_worker::backend::cuda::weights::product;
 
-    let emulator = match emulator::Emulator::build(64) {
-        Ok(e) => e,
-        Err(e) => {
-            assert!(std::env::var_os("KVGATE_REQUIRE_EMULATOR").is_none(), "{e}");
-            eprintln!("SKIPPED: the CUDA emulator cannot be built: {e}");
-            return;
-        }
-    };
+    let Some(emulator) = emulator() else { return };
     let gpu: Arc<dyn Gpu> = Arc::new(emulator);
     let (rows, cols, tokens) = (40usize, 96usize, 11usize);
     let mut state = 0x9E37_79B9_7F4A_7C15u64;
