@@ -94,16 +94,6 @@ impl Forward {
         })
     }
 
-    fn launch(
-        &self,
-        name: &str,
-        grid: (u32, u32, u32),
-        block: u32,
-        args: &[Arg],
-    ) -> Result<(), String> {
-        self.gpu.launch(name, grid, block, args)
-    }
-
     /// Grows the step's buffers to hold `plan`'s step.
     fn reserve(&mut self, plan: &StepPlan, stride: usize) -> Result<(), String> {
         let l = plan.layout;
@@ -172,7 +162,7 @@ impl Forward {
         let mut offset = 0;
         for part in &product.parts {
             let grid = (part.rows.div_ceil(PRODUCT_ROWS) as u32, grid_y, 1);
-            self.launch(
+            self.gpu.launch(
                 "matmul_q",
                 grid,
                 THREADS,
@@ -310,9 +300,10 @@ impl Forward {
         let norm_q8 = |norm: &Buffer, rows: usize, which: Arg| {
             let mut args = vec![x, Ptr(norm.ptr()), which, hidden, eps];
             args.extend(quantised);
-            self.launch("rms_norm_q8", (rows as u32, 1, 1), THREADS, &args)
+            self.gpu
+                .launch("rms_norm_q8", (rows as u32, 1, 1), THREADS, &args)
         };
-        self.launch(
+        self.gpu.launch(
             "embed",
             grid_t,
             256,
@@ -322,7 +313,7 @@ impl Forward {
             let (k_cache, v_cache) = (Ptr(k_cache.ptr()), Ptr(v_cache.ptr()));
             norm_q8(&layer.attn_norm, t, no_rows)?;
             self.product(&layer.qkv, a, p.hidden, t, b.qkv.ptr(), false)?;
-            self.launch(
+            self.gpu.launch(
                 "rope_store",
                 grid_t,
                 THREADS,
@@ -332,7 +323,7 @@ impl Forward {
                 let n = chunk.min(t - first) as u32;
                 let (stride_i, token0) = (I32(stride as i32), I32(first as i32));
                 let grid = (stride.div_ceil(THREADS as usize) as u32, p.heads as u32, n);
-                self.launch(
+                self.gpu.launch(
                     "attn_scores",
                     grid,
                     THREADS,
@@ -352,7 +343,7 @@ impl Forward {
                         token0,
                     ],
                 )?;
-                self.launch(
+                self.gpu.launch(
                     "attn_softmax",
                     (p.heads as u32, n, 1),
                     THREADS,
@@ -373,14 +364,15 @@ impl Forward {
                     token0,
                 ];
                 args.extend(quantised);
-                self.launch("attn_pv", (n, p.heads as u32, 1), p.head_dim as u32, &args)?;
+                self.gpu
+                    .launch("attn_pv", (n, p.heads as u32, 1), p.head_dim as u32, &args)?;
             }
             self.product(&layer.wo, a, q_dim, t, b.x.ptr(), true)?;
             norm_q8(&layer.ffn_norm, t, no_rows)?;
             self.product(&layer.gate_up, a, p.hidden, t, b.gate_up.ptr(), false)?;
             let mut args = vec![gate_up, ffn];
             args.extend(quantised);
-            self.launch("silu_q8", grid_t, THREADS, &args)?;
+            self.gpu.launch("silu_q8", grid_t, THREADS, &args)?;
             self.product(&layer.down, a, p.ffn, t, b.x.ptr(), true)?;
         }
         let n = l.num_samples;
@@ -402,7 +394,7 @@ impl Forward {
     pub fn argmax(&self, samples: usize) -> Result<Vec<i32>, String> {
         let b = self.buffers()?;
         let vocab = Arg::I32(self.weights.params.vocab_size as i32);
-        self.launch(
+        self.gpu.launch(
             "argmax",
             (samples as u32, 1, 1),
             THREADS,
