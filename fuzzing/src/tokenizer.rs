@@ -1,6 +1,7 @@
-//! The default model's tokenizer on any text: tokenizing segment by segment (the cache the
-//! gateway and the worker use) gives exactly the whole-text ids, cold and cached, and any chat
-//! request renders and tokenizes or is refused.
+//! The default model's tokenizer on any text: the direct pre-tokenizer gives the `tokenizers`
+//! crate's ids, tokenizing segment by segment (the cache the gateway and the worker use) gives
+//! exactly the whole-text ids, cold and cached, and any chat request renders and tokenizes or
+//! is refused.
 
 use kvgate_prompt::PromptModel;
 use kvgate_protocol::openai::{Endpoint, GenerationRequest};
@@ -22,9 +23,11 @@ pub fn tokenizer(data: &[u8]) {
     let m = model();
     let text = String::from_utf8_lossy(data);
     let whole = m.tokenizer.encode(&text, true).unwrap();
+    assert_eq!(whole, m.tokenizer.encode_reference(&text, true).unwrap());
     assert_eq!(m.encode(&text).unwrap(), whole, "cold");
     assert_eq!(m.encode(&text).unwrap(), whole, "cached");
     let plain = m.tokenizer.encode(&text, false).unwrap();
+    assert_eq!(plain, m.tokenizer.encode_reference(&text, false).unwrap());
     let _ = m.tokenizer.decode(&plain, false);
     let body = serde_json::json!({ "model": "m", "messages": [{"role": "user", "content": text}] });
     let request = GenerationRequest::parse(Endpoint::Chat, body.to_string().as_bytes()).unwrap();

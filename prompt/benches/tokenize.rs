@@ -1,6 +1,8 @@
 //! Gateway-side prompt cost: render a 4k-token chat prompt, tokenize it and hash its blocks.
-//! `cold`: nothing cached (the tokenizer on the whole text); `cached system prompt`: the
-//! system prompt was seen before and each request's question is new.
+//! `cold`: nothing cached (the tokenizer on the whole text; `cold_crate_pipeline` through the
+//! `tokenizers` crate's whole pipeline instead of the direct pre-tokenizer); `cached system
+//! prompt`: the system prompt was seen before and each request's question is new. `user_turn`:
+//! a question alone, both ways.
 //! Run: `cargo bench -p kvgate-prompt --bench tokenize` (needs `scripts/fetch-model`).
 
 #![allow(clippy::panic)]
@@ -67,23 +69,33 @@ fn bench(c: &mut Criterion) {
         .template
         .as_ref()
         .unwrap_or_else(|| panic!("no template"));
+    let render = |i: usize| {
+        let messages: Vec<_> = reqs[i]
+            .messages
+            .iter()
+            .flatten()
+            .map(|m| kvgate_prompt::template::TemplateMessage {
+                role: m.role.clone(),
+                content: m.content.as_ref().map(|c| c.text()).unwrap_or_default(),
+            })
+            .collect();
+        template.render(&messages).unwrap_or_default()
+    };
     let mut group = c.benchmark_group("chat_prompt_4k");
     let mut i = 0;
     group.bench_function("cold", |b| {
         b.iter(|| {
             i = (i + 1) % reqs.len();
-            let messages: Vec<_> = reqs[i]
-                .messages
-                .iter()
-                .flatten()
-                .map(|m| kvgate_prompt::template::TemplateMessage {
-                    role: m.role.clone(),
-                    content: m.content.as_ref().map(|c| c.text()).unwrap_or_default(),
-                })
-                .collect();
-            let text = template.render(&messages).unwrap_or_default();
-            let ids = model.tokenizer.encode(&text, true).unwrap_or_default();
+            let ids = model.tokenizer.encode(&render(i), true).unwrap_or_default();
             black_box(block_hashes(seed, &ids, BLOCK))
+        })
+    });
+    group.bench_function("cold_crate_pipeline", |b| {
+        b.iter(|| {
+            i = (i + 1) % reqs.len();
+            let text = render(i);
+            let ids = model.tokenizer.encode_reference(&text, true);
+            black_box(block_hashes(seed, &ids.unwrap_or_default(), BLOCK))
         })
     });
     group.bench_function("cached_system_prompt", |b| {
@@ -95,6 +107,30 @@ fn bench(c: &mut Criterion) {
             black_box(block_hashes(seed, &ids, BLOCK))
         })
     });
+    group.finish();
+
+    // A request's new user turn alone: what token mode pays per request once the system
+    // prompt comes from the segment cache; directly pre-tokenized and through the
+    // `tokenizers` crate's whole pipeline.
+    let turn = |i: usize| {
+        let user = reqs[i].messages.iter().flatten().nth(1);
+        user.and_then(|m| m.content.as_ref())
+            .map(|c| c.text())
+            .unwrap_or_default()
+    };
+    let mut group = c.benchmark_group("user_turn");
+    for (size, text) in [
+        ("20B", "Where is my order 42?".to_string()),
+        ("300B", turn(7)),
+    ] {
+        let t = &model.tokenizer;
+        group.bench_function(format!("{size}/direct"), |b| {
+            b.iter(|| black_box(t.encode(black_box(&text), true)))
+        });
+        group.bench_function(format!("{size}/crate"), |b| {
+            b.iter(|| black_box(t.encode_reference(black_box(&text), true)))
+        });
+    }
     group.finish();
 }
 

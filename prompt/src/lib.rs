@@ -3,6 +3,8 @@
 //! between special tokens, and the OpenAI request → prompt ids rule. The worker feeds these ids
 //! to its engine; the gateway hashes them into the blocks the worker will report.
 
+mod added;
+mod byte_level;
 pub mod gguf;
 mod gguf_write;
 mod request;
@@ -40,7 +42,7 @@ pub struct PromptModel {
 
 impl PromptModel {
     pub fn new(tokenizer: Tokenizer, template: Option<ChatTemplate>) -> Self {
-        let segments = SegmentCache::new(&tokenizer, DEFAULT_CACHED_TOKENS);
+        let segments = SegmentCache::new(DEFAULT_CACHED_TOKENS);
         PromptModel {
             tokenizer,
             template,

@@ -3,6 +3,7 @@
 //! ids can be cached per segment exactly, and a system prompt or an earlier turn seen before
 //! is not tokenized again.
 
+use crate::added::Piece;
 use crate::tokenizer::{Tokenizer, TokenizerError};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -12,11 +13,6 @@ use xxhash_rust::xxh3::xxh3_128;
 const MIN_CACHED_BYTES: usize = 64;
 
 pub struct SegmentCache {
-    /// Added tokens' texts with their ids, longest first (so the longest match wins, as in the
-    /// tokenizer); `None` when the text cannot be split ahead of the tokenizer.
-    added: Option<Vec<(String, u32)>>,
-    /// First bytes of the added tokens' texts, to skip the rest of the text quickly.
-    starts: [bool; 256],
     capacity_tokens: usize,
     cache: Mutex<Generations>,
 }
@@ -43,19 +39,8 @@ struct Generations {
 
 impl SegmentCache {
     /// A cache of at most about `capacity_tokens` token ids.
-    pub fn new(tokenizer: &Tokenizer, capacity_tokens: usize) -> Self {
-        let added = tokenizer.verbatim_added_tokens().map(|mut a| {
-            a.retain(|(text, _)| !text.is_empty());
-            a.sort_by(|x, y| y.0.len().cmp(&x.0.len()).then(x.0.cmp(&y.0)));
-            a
-        });
-        let mut starts = [false; 256];
-        for (text, _) in added.iter().flatten() {
-            starts[text.as_bytes()[0] as usize] = true;
-        }
+    pub fn new(capacity_tokens: usize) -> Self {
         SegmentCache {
-            added,
-            starts,
             capacity_tokens,
             cache: Mutex::new(Generations::default()),
         }
@@ -78,38 +63,22 @@ impl SegmentCache {
         text: &str,
         budget: &mut usize,
     ) -> Result<Option<Vec<u32>>, TokenizerError> {
-        let Some(added) = &self.added else {
+        let Some(added) = tokenizer.added_tokens() else {
             if !spend(budget, text.len()) {
                 return Ok(None);
             }
             return tokenizer.encode(text, true).map(Some);
         };
-        let bytes = text.as_bytes();
         let mut ids = Vec::with_capacity(text.len() / 3);
-        let (mut start, mut i) = (0, 0);
-        while i < bytes.len() {
-            let found = self.starts[bytes[i] as usize]
-                .then(|| {
-                    added
-                        .iter()
-                        .find(|(t, _)| bytes[i..].starts_with(t.as_bytes()))
-                })
-                .flatten();
-            match found {
-                Some((t, id)) => {
-                    // An added token starts with a whole character, so `i` is a boundary.
-                    if !self.encode_segment(tokenizer, &text[start..i], &mut ids, budget)? {
+        for piece in added.split(text) {
+            match piece {
+                Piece::Text(segment) => {
+                    if !self.encode_segment(tokenizer, segment, &mut ids, budget)? {
                         return Ok(None);
                     }
-                    ids.push(*id);
-                    i += t.len();
-                    start = i;
                 }
-                None => i += 1,
+                Piece::Token(id) => ids.push(id),
             }
-        }
-        if !self.encode_segment(tokenizer, &text[start..], &mut ids, budget)? {
-            return Ok(None);
         }
         Ok(Some(ids))
     }
@@ -127,9 +96,7 @@ impl SegmentCache {
             if !spend(budget, segment.len()) {
                 return Ok(false);
             }
-            if !segment.is_empty() {
-                ids.extend(tokenizer.encode(segment, true)?);
-            }
+            ids.extend(tokenizer.encode(segment, true)?);
             return Ok(true);
         }
         let key = xxh3_128(segment.as_bytes());
@@ -200,7 +167,7 @@ mod tests {
     #[test]
     fn the_old_generation_goes_when_the_young_fills() -> Result<(), String> {
         let tokenizer = one_token_per_segment("generations")?;
-        let cache = SegmentCache::new(&tokenizer, 4);
+        let cache = SegmentCache::new(4);
         let seg = |c: char| c.to_string().repeat(MIN_CACHED_BYTES);
         for c in ['x', 'y', 'z'] {
             assert_eq!(cache.encode(&tokenizer, &seg(c)).ok(), Some(vec![0]));
@@ -215,7 +182,7 @@ mod tests {
     #[test]
     fn a_budget_counts_only_the_text_no_cache_holds() -> Result<(), String> {
         let tokenizer = one_token_per_segment("budget")?;
-        let cache = SegmentCache::new(&tokenizer, 1 << 20);
+        let cache = SegmentCache::new(1 << 20);
         let system = "x".repeat(4 * MIN_CACHED_BYTES);
         let user = "y".repeat(2 * MIN_CACHED_BYTES);
         let text = format!("{system}<s>{user}<s>ok");

@@ -1,17 +1,21 @@
 //! The tokenizer, built from GGUF metadata alone with the `tokenizers` crate: byte-level BPE
 //! from the vocabulary and merges, the pre-tokenizer named by `tokenizer.ggml.pre`, control
 //! tokens as special tokens. Token ids equal llama.cpp's (checked against golden ids recorded
-//! from llama-cpp-python, `worker/tests/golden/`).
+//! from llama-cpp-python, `worker/tests/golden/`). A GGUF's byte-level BPE is pre-tokenized
+//! directly (`byte_level.rs`), with only the BPE merges left to the crate.
 
+use crate::added::{AddedTokens, Piece};
+use crate::byte_level::{byte_of_symbol, ByteLevelWords};
 use crate::gguf::{Gguf, GgufError, Value};
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::OnceLock;
 use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::models::ModelWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
-use tokenizers::{AddedToken, PreTokenizerWrapper};
+use tokenizers::{AddedToken, Model, PreTokenizerWrapper};
 
 /// `tokenizer.ggml.token_type` of control tokens.
 const CONTROL: u64 = 3;
@@ -35,6 +39,10 @@ pub struct Tokenizer {
     plain: OnceLock<tokenizers::Tokenizer>,
     /// Ids at or above this are placeholders for byte-level symbols the vocabulary lacks.
     vocab_size: u32,
+    /// The added tokens, when all of them match their text verbatim.
+    added: Option<AddedTokens>,
+    /// The pre-tokenizer done directly, for a GGUF's byte-level BPE.
+    words: Option<ByteLevelWords>,
     special_ids: HashSet<u32>,
     pub bos_token_id: Option<u32>,
     pub eos_token_id: Option<u32>,
@@ -52,6 +60,8 @@ impl Tokenizer {
             return Err(TokenizerError::UnsupportedModel(model.to_string()));
         }
         let pre = gguf.get_str("tokenizer.ggml.pre").unwrap_or("gpt2");
+        let words = ByteLevelWords::new(pre == "smollm")
+            .map_err(|e| TokenizerError::Build(e.to_string()))?;
         let pre_tokenizer: PreTokenizerWrapper = match pre {
             // Digits one by one, then the GPT-2 byte-level pattern without a prefix space.
             "smollm" => Sequence::new(vec![
@@ -118,6 +128,8 @@ impl Tokenizer {
         Ok(Tokenizer {
             inner,
             vocab_size,
+            added: None,
+            words: Some(words),
             special_ids,
             bos_token_id: id("tokenizer.ggml.bos_token_id"),
             eos_token_id: id("tokenizer.ggml.eos_token_id"),
@@ -125,10 +137,12 @@ impl Tokenizer {
             max_token_bytes: 0,
             plain: OnceLock::new(),
         }
-        .with_max_token_bytes())
+        .completed())
     }
 
-    fn with_max_token_bytes(mut self) -> Self {
+    /// With the fields derived from the model and its added tokens filled in.
+    fn completed(mut self) -> Self {
+        self.added = self.verbatim_added_tokens().map(AddedTokens::new);
         self.max_token_bytes = (0..self.vocab_size)
             .map(|id| self.token_bytes(id).len())
             .max()
@@ -172,12 +186,14 @@ impl Tokenizer {
             eos_token_id: id(&config.eos_token),
             inner,
             vocab_size,
+            added: None,
+            words: None,
             special_ids,
             tokens,
             max_token_bytes: 0,
             plain: OnceLock::new(),
         }
-        .with_max_token_bytes();
+        .completed();
         Ok((tokenizer, config))
     }
 
@@ -188,10 +204,14 @@ impl Tokenizer {
             .map_err(|e| TokenizerError::Build(e.to_string()))
     }
 
-    /// The added tokens that split text before it is tokenized, each with its id, when all of
-    /// them match their text verbatim (`None` when some match otherwise, e.g. after
-    /// normalisation or by stripping spaces: then text cannot be split ahead of the tokenizer).
-    pub fn verbatim_added_tokens(&self) -> Option<Vec<(String, u32)>> {
+    /// The added tokens that split text before it is tokenized, when all of them match their
+    /// text verbatim (`None` when some match otherwise, e.g. after normalisation or by
+    /// stripping spaces: then text cannot be split ahead of the tokenizer).
+    pub(crate) fn added_tokens(&self) -> Option<&AddedTokens> {
+        self.added.as_ref()
+    }
+
+    fn verbatim_added_tokens(&self) -> Option<Vec<(String, u32)>> {
         self.inner
             .get_added_tokens_decoder()
             .iter()
@@ -227,6 +247,64 @@ impl Tokenizer {
     /// Token ids of `text`. With `parse_special`, control-token text such as `<|im_start|>`
     /// becomes its token (as in rendered chat prompts); without, it is plain text.
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
+        if let (Some(words), ModelWrapper::BPE(bpe)) = (&self.words, self.inner.get_model()) {
+            match (parse_special, &self.added) {
+                (false, _) => return self.encode_byte_level(words, bpe, None, text),
+                (true, Some(added)) => {
+                    return self.encode_byte_level(words, bpe, Some(added), text)
+                }
+                // Added tokens that do not match verbatim: only the crate's pipeline cuts them.
+                (true, None) => {}
+            }
+        }
+        self.encode_reference(text, parse_special)
+    }
+
+    /// A byte-level BPE's ids, pre-tokenized directly; text is cut at `added` tokens first.
+    fn encode_byte_level(
+        &self,
+        words: &ByteLevelWords,
+        bpe: &BPE,
+        added: Option<&AddedTokens>,
+        text: &str,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let mut ids = Vec::with_capacity(text.len() / 3);
+        let encode_text = |text: &str, ids: &mut Vec<u32>| {
+            words.for_each(text, |word| -> Result<(), TokenizerError> {
+                let tokens = bpe
+                    .tokenize(word)
+                    .map_err(|e| TokenizerError::Build(e.to_string()))?;
+                // Placeholders for symbols the vocabulary lacks are dropped, as in
+                // `encode_reference`.
+                ids.extend(
+                    tokens
+                        .iter()
+                        .map(|t| t.id)
+                        .filter(|&id| id < self.vocab_size),
+                );
+                Ok(())
+            })
+        };
+        let Some(added) = added else {
+            encode_text(text, &mut ids)?;
+            return Ok(ids);
+        };
+        for piece in added.split(text) {
+            match piece {
+                Piece::Text(text) => encode_text(text, &mut ids)?,
+                Piece::Token(id) => ids.push(id),
+            }
+        }
+        Ok(ids)
+    }
+
+    /// [`Tokenizer::encode`] through the `tokenizers` crate's whole pipeline: the reference the
+    /// direct byte-level path is checked against.
+    pub fn encode_reference(
+        &self,
+        text: &str,
+        parse_special: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
         let encoding = if parse_special {
             self.inner.encode_fast(text, false)
         } else {
@@ -319,19 +397,4 @@ impl JsonConfig {
             eos_token: token("eos_token"),
         })
     }
-}
-
-/// The inverse of GPT-2's byte-to-symbol table: printable Latin-1 bytes stand for themselves,
-/// the other 68 bytes were moved, in order, to U+0100 and up.
-fn byte_of_symbol(c: char) -> Option<u8> {
-    let printable = |b: u32| matches!(b, 0x21..=0x7E | 0xA1..=0xAC | 0xAE..=0xFF);
-    let code = c as u32;
-    if code < 0x100 {
-        return printable(code).then_some(code as u8);
-    }
-    let moved = code - 0x100;
-    (0u32..0x100)
-        .filter(|&b| !printable(b))
-        .nth(moved as usize)
-        .map(|b| b as u8)
 }

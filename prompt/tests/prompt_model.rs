@@ -55,6 +55,92 @@ proptest! {
     }
 }
 
+/// Pieces that stress the pre-tokenizer: whitespace of every kind in runs, contractions,
+/// numerals of other scripts, marks, symbols, control bytes, characters of four bytes.
+const WORD_PIECES: &[&str] = &[
+    " ",
+    "  ",
+    "\t",
+    "\n",
+    "\r\n",
+    "\u{a0}",
+    "\u{3000}",
+    "\u{2028}",
+    "\u{85}",
+    "\u{200b}",
+    "'s",
+    "'t",
+    "'re",
+    "'ve",
+    "'m",
+    "'ll",
+    "'d",
+    "'S",
+    "'",
+    "\"",
+    "a",
+    "Word",
+    "éte",
+    "ß",
+    "日本",
+    "한국어",
+    "Ελλάδα",
+    "\u{301}",
+    "x\u{308}",
+    "7",
+    "2024",
+    "½",
+    "²",
+    "٣",
+    "Ⅻ",
+    "𝟙",
+    ".",
+    "...",
+    "!?",
+    "()",
+    "<",
+    "|",
+    ">",
+    "-",
+    "_",
+    "=",
+    "€",
+    "😀",
+    "👩‍💻",
+    "\u{1fae8}",
+    "\u{0}",
+    "\u{6}",
+    "\u{1d}",
+    "\u{7f}",
+    "\u{40000}",
+    "\u{e000}",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|im_sta",
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+    /// The direct pre-tokenizer gives the `tokenizers` crate's ids on any text, with and
+    /// without special tokens parsed.
+    #[test]
+    fn direct_byte_level_equals_the_crates_pipeline(
+        parts in prop::collection::vec(0..WORD_PIECES.len(), 0..32),
+        noise in "\\PC{0,12}",
+    ) {
+        let text: String = parts.iter().map(|&i| WORD_PIECES[i]).chain([noise.as_str()]).collect();
+        let t = &model().tokenizer;
+        for special in [true, false] {
+            prop_assert_eq!(
+                t.encode(&text, special).unwrap(),
+                t.encode_reference(&text, special).unwrap(),
+                "{:?} parse_special {}", text, special
+            );
+        }
+    }
+}
+
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("kvgate-prompt-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
