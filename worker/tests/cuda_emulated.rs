@@ -1,7 +1,8 @@
 //! The CUDA backend's forward pass and kernels, run on the CPU by the emulator
 //! (`common/emulator.rs`: `kernels.cu` compiled as C++), against the CPU backend on the same
 //! model cut to two layers: the same logits bit for bit on prompts, decode steps, a batch of
-//! both and a drafted step, and the same K/V through export and import. The device runs the
+//! both and a drafted step, the same tokens sampled every way, and the same K/V through
+//! export and import. The device runs the
 //! same source (compiled by NVRTC with no fused multiply-adds but those written out), so this
 //! checks on every machine what `cuda_backend.rs` checks on a GPU. Needs g++ (C++20): without
 //! it the tests say so loudly, and fail where `KVGATE_REQUIRE_EMULATOR` is set (the test
@@ -211,7 +212,9 @@ fn prompts_decode_steps_and_a_batch_of_both_give_the_cpu_backends_bits() {
 }
 
 #[test]
-fn a_drafted_step_and_sampling_give_the_cpu_backends_tokens() {
+fn a_drafted_step_and_sampling_every_way_give_the_cpu_backends_tokens() {
+    use kvgate_worker::backend::cuda::TOP_K_MAX;
+
     let Some(mut pair) = backends("draft") else {
         return;
     };
@@ -231,18 +234,58 @@ fn a_drafted_step_and_sampling_give_the_cpu_backends_tokens() {
     let cpu = pair.cpu.execute(&[drafted]).unwrap();
     let gpu = pair.gpu.execute(&[drafted]).unwrap();
     assert_eq!(cpu.sampled, gpu.sampled);
-    // Sampled with log-probabilities: the logits come to the host and the same draw follows.
-    let sampled = SamplingParams {
-        temperature: 0.9,
-        top_k: 20,
-        seed: Some(3),
-        logprobs: Some(2),
-        ..Default::default()
-    };
-    let step = slice(&prompt, 0, &table, &sampled, 0);
+    // A batch that samples every way at once: greedy, top-k small and at the device's limit
+    // (drawn from the device's best k), top-k beyond it, top-p alone and log-probabilities
+    // (drawn from the whole row).
+    let params = [
+        greedy,
+        SamplingParams {
+            temperature: 0.7,
+            top_k: 5,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 1.3,
+            top_k: 50,
+            top_p: 0.9,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 2.0,
+            top_k: TOP_K_MAX as u32,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 1.0,
+            top_k: TOP_K_MAX as u32 + 1,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 0.8,
+            top_p: 0.8,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 0.9,
+            top_k: 20,
+            seed: Some(3),
+            logprobs: Some(2),
+            ..Default::default()
+        },
+    ];
+    let prompts: Vec<Vec<u32>> = (0..params.len())
+        .map(|i| ids(&golden().cases[i])[..6].to_vec())
+        .collect();
+    let tables: Vec<[u32; 1]> = (0..params.len()).map(|i| [10 + i as u32]).collect();
+    let batch: Vec<BatchSlice<'_>> = (0..params.len())
+        .map(|i| BatchSlice {
+            id: 100 + i as u64,
+            ..slice(&prompts[i], 0, &tables[i], &params[i], i)
+        })
+        .collect();
     assert_eq!(
-        pair.cpu.execute(&[step]).unwrap().sampled,
-        pair.gpu.execute(&[step]).unwrap().sampled
+        pair.cpu.execute(&batch).unwrap().sampled,
+        pair.gpu.execute(&batch).unwrap().sampled
     );
 }
 
@@ -409,5 +452,84 @@ fn every_weight_format_multiplies_to_the_cpu_backends_bits() {
             bits(&doubled),
             "{kind:?}, added into the output"
         );
+    }
+}
+
+/// The top-k kernel alone on rows made to be hard: ties across the cut, -0 and +0, infinities,
+/// a temperature that makes distinct logits equal, k of 1, of the row and of `TOP_K_MAX`.
+/// Each row's picks are exactly the host's best k by value over temperature, then lower id.
+#[test]
+fn the_top_k_kernel_picks_the_hosts_best_k() {
+    use kvgate_worker::backend::cuda::gpu::{Arg, Buffer};
+    use kvgate_worker::backend::cuda::TOP_K_MAX;
+
+    let Some(emulator) = emulator() else { return };
+    let gpu: Arc<dyn Gpu> = Arc::new(emulator);
+    let vocab = 3000usize;
+    let rows: Vec<(Vec<f32>, usize, f32)> = vec![
+        // Thirty values, each a hundred times: every cut inside a tie.
+        (
+            (0..vocab).map(|i| ((i * 7) % 30) as f32).collect(),
+            250,
+            1.0,
+        ),
+        (
+            (0..vocab)
+                .map(|i| match i % 5 {
+                    0 => -0.0,
+                    1 => 0.0,
+                    2 => f32::NEG_INFINITY,
+                    3 => -(i as f32),
+                    _ => i as f32 * 1e-3,
+                })
+                .collect(),
+            TOP_K_MAX,
+            0.7,
+        ),
+        ((0..vocab).map(|i| 1.0 + i as f32 * 1e-9).collect(), 17, 3.0),
+        (
+            (0..vocab).map(|i| (i as f32 * 0.37).sin()).collect(),
+            1,
+            0.5,
+        ),
+        ((0..vocab).map(|i| (i as f32).cos()).collect(), 0, 1.0),
+        ((0..vocab).map(|i| (i % 3) as f32).collect(), vocab, 2.0),
+    ];
+    let n = rows.len();
+    let logits: Vec<f32> = rows.iter().flat_map(|r| r.0.clone()).collect();
+    let mut choice: Vec<u32> = rows.iter().map(|r| r.1 as u32).collect();
+    choice.extend(rows.iter().map(|r| r.2.to_bits()));
+    let logits = Buffer::from(&gpu, &logits).unwrap();
+    let choice = Buffer::from(&gpu, &choice).unwrap();
+    let ids = Buffer::zeros(&gpu, 4 * n * TOP_K_MAX).unwrap();
+    let values = Buffer::zeros(&gpu, 4 * n * TOP_K_MAX).unwrap();
+    gpu.launch(
+        "top_k",
+        (n as u32, 1, 1),
+        128,
+        &[
+            Arg::Ptr(logits.ptr()),
+            Arg::I32(vocab as i32),
+            Arg::Ptr(choice.ptr()),
+            Arg::Ptr(choice.at::<f32>(n)),
+            Arg::Ptr(ids.ptr()),
+            Arg::Ptr(values.ptr()),
+        ],
+    )
+    .unwrap();
+    let ids: Vec<u32> = ids.read(0, n * TOP_K_MAX).unwrap();
+    let values: Vec<f32> = values.read(0, n * TOP_K_MAX).unwrap();
+    for (r, (row, k, t)) in rows.iter().enumerate() {
+        let k = (*k).min(TOP_K_MAX);
+        let at = r * TOP_K_MAX;
+        let mut device: Vec<(u32, u32)> = (at..at + k)
+            .map(|i| (ids[i], values[i].to_bits()))
+            .collect();
+        device.sort_unstable();
+        let mut host: Vec<(u32, f32)> = (0..vocab as u32).map(|i| (i, row[i as usize])).collect();
+        host.sort_by(|a, b| (b.1 / t).total_cmp(&(a.1 / t)).then(a.0.cmp(&b.0)));
+        let mut host: Vec<(u32, u32)> = host[..k].iter().map(|&(i, v)| (i, v.to_bits())).collect();
+        host.sort_unstable();
+        assert_eq!(device, host, "row {r}: k {k}, temperature {t}");
     }
 }

@@ -3,7 +3,7 @@
 //! real logits.
 
 use super::{BatchSlice, Sampled};
-use crate::sample::{logprobs, sample};
+use crate::sample::{distribution_of_best, draw, logprobs, sample};
 use crate::spec::verify_logits;
 
 /// `rows`: (slice index, logits row) for every row the step computed logits for, in batch and
@@ -47,6 +47,17 @@ pub fn emit<'r>(
         );
     }
     sampled
+}
+
+/// The token of a slice that samples with top-k (no draft, no log-probabilities), from only
+/// its row's best `top_k` tokens as (id, logit) pairs: what [`emit`] picks from the whole row.
+pub fn emit_from_best(s: &BatchSlice<'_>, best: &[(u32, f32)]) -> Sampled {
+    let kept = distribution_of_best(best, s.params);
+    Sampled {
+        id: s.id,
+        token: draw(&kept, seed(s), s.num_output_tokens),
+        logprobs: None,
+    }
 }
 
 /// Without a seed, the request id seeds the draws (different per request).

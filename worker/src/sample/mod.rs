@@ -75,36 +75,57 @@ pub fn sample(logits: &[f32], params: &SamplingParams, seed: u64, position: usiz
     if is_greedy(params) {
         return argmax(logits);
     }
-    let kept = distribution(logits, params);
+    draw(&distribution(logits, params), seed, position)
+}
+
+/// The token `kept` (see [`distribution`]) gives for output position `position`.
+pub fn draw(kept: &[(u32, f64)], seed: u64, position: usize) -> u32 {
     let mut draw = uniform(seed, position);
-    for &(token, p) in &kept {
+    for &(token, p) in kept {
         draw -= p;
         if draw < 0.0 {
             return token;
         }
     }
-    kept[kept.len() - 1].0
+    kept.last().map_or(0, |k| k.0)
 }
 
 /// The tokens a sampled (not greedy) draw may pick and their probabilities after
 /// temperature, top-k and top-p, summing to 1, most likely first (ties by id).
 pub fn distribution(logits: &[f32], params: &SamplingParams) -> Vec<(u32, f64)> {
-    // Candidates by logit, best first; top-k cuts the list.
-    let mut candidates: Vec<(u32, f32)> = logits
-        .iter()
-        .enumerate()
-        .map(|(i, &v)| (i as u32, v / params.temperature))
-        .collect();
+    let scaled = logits.iter().enumerate();
+    kept(
+        scaled
+            .map(|(i, &v)| (i as u32, v / params.temperature))
+            .collect(),
+        params,
+    )
+}
+
+/// [`distribution`] from only the row's best `top_k` tokens as (id, logit) pairs, in any
+/// order (what a GPU picks out of the row): the same probabilities, bit for bit.
+pub fn distribution_of_best(best: &[(u32, f32)], params: &SamplingParams) -> Vec<(u32, f64)> {
+    let scaled = best.iter().map(|&(id, v)| (id, v / params.temperature));
+    kept(scaled.collect(), params)
+}
+
+/// `candidates` (id, logit over temperature) cut to the best `top_k` (by value, then the
+/// lower id: one answer whatever the selection algorithm) and then to the top-p nucleus.
+fn kept(mut candidates: Vec<(u32, f32)>, params: &SamplingParams) -> Vec<(u32, f64)> {
+    let best_first = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
     let k = if params.top_k == 0 {
         candidates.len()
     } else {
         (params.top_k as usize).min(candidates.len())
     };
+    if k == 0 {
+        return Vec::new();
+    }
     if k < candidates.len() {
-        candidates.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
+        candidates.select_nth_unstable_by(k - 1, best_first);
         candidates.truncate(k);
     }
-    candidates.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    candidates.sort_unstable_by(best_first);
     let max = candidates[0].1;
     let mut probs: Vec<(u32, f64)> = candidates
         .iter()
@@ -180,5 +201,35 @@ mod tests {
         for pos in 0..50 {
             assert_eq!(sample(&logits, &params(1.0, 0, 1e-6), 7, pos), best[0]);
         }
+    }
+
+    /// The best `top_k` alone, in any order, give the whole row's distribution, bit for bit;
+    /// ties at the cut keep the lower ids.
+    #[test]
+    fn the_best_k_alone_give_the_rows_distribution() {
+        let mut logits: Vec<f32> = (0..500).map(|i| ((i * 7919) % 113) as f32 * 0.05).collect();
+        logits[3] = 9.0;
+        logits[400] = 9.0;
+        for (t, k, p) in [
+            (0.7, 5, 1.0),
+            (1.3, 40, 0.9),
+            (1.0, 113, 0.5),
+            (0.9, 1000, 1.0),
+        ] {
+            let params = params(t, k, p);
+            let whole = distribution(&logits, &params);
+            let mut best: Vec<(u32, f32)> = (0..500u32).map(|i| (i, logits[i as usize])).collect();
+            best.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            best.truncate(k as usize);
+            best.reverse();
+            assert_eq!(distribution_of_best(&best, &params), whole, "top_k {k}");
+        }
+        // 113 distinct values, each several times: the cut at 5 falls inside the tie of
+        // 25, 138, 251, 364 and 477 (the largest value after the two 9s).
+        let five: Vec<u32> = distribution(&logits, &params(1.0, 5, 1.0))
+            .iter()
+            .map(|p| p.0)
+            .collect();
+        assert_eq!(five, [3, 400, 25, 138, 251]);
     }
 }

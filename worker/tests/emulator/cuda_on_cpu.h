@@ -1,8 +1,10 @@
 // The CUDA builtins kernels.cu uses, on the CPU, for the test suite's emulator: each CUDA
-// thread of a block is an OS thread; __syncthreads and warp shuffles are barriers. Float
-// arithmetic is IEEE single precision with no contraction (-ffp-contract=off), as the kernels
-// are compiled for the device (--fmad=false), so the emulator gives the device's bits.
+// thread of a block is an OS thread; __syncthreads and warp shuffles are barriers, atomics
+// std::atomic_ref. Float arithmetic is IEEE single precision with no contraction
+// (-ffp-contract=off), as the kernels are compiled for the device (--fmad=false), so the
+// emulator gives the device's bits.
 #pragma once
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -44,6 +46,8 @@ template <class T> T __shfl_sync(unsigned, T v, int src) {
 template <class T> T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
     return __shfl_sync(mask, v, (int)((threadIdx.x % 32) ^ (unsigned)lane_mask));
 }
+
+template <class T> T atomicAdd(T* at, T v) { return std::atomic_ref<T>(*at).fetch_add(v); }
 
 inline float __int_as_float(int v) { float f; std::memcpy(&f, &v, 4); return f; }
 inline float __uint_as_float(unsigned v) { float f; std::memcpy(&f, &v, 4); return f; }

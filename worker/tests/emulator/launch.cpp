@@ -30,7 +30,7 @@ template <typename... A> std::function<void(void**)> invoker(void (*f)(A...)) {
 const std::map<std::string, std::function<void(void**)>> kernels = {
     KERNEL(embed),       KERNEL(rms_norm_q8), KERNEL(silu_q8),      KERNEL(matmul_q),
     KERNEL(rope_store),  KERNEL(attn_scores), KERNEL(attn_softmax), KERNEL(attn_pv),
-    KERNEL(argmax),
+    KERNEL(argmax),      KERNEL(top_k),
 };
 
 }  // namespace

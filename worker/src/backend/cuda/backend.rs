@@ -4,9 +4,9 @@ use super::forward::Forward;
 use super::gpu::Gpu;
 use super::plan::StepPlan;
 use super::weights::DeviceWeights;
-use super::{CudaConfig, HEAD_DIMS};
+use super::{CudaConfig, HEAD_DIMS, TOP_K_MAX};
 use crate::backend::cpu::weights::Weights;
-use crate::backend::emit::emit;
+use crate::backend::emit::{emit, emit_from_best};
 use crate::backend::timing;
 use crate::backend::{Backend, BackendError, BatchOutput, BatchSlice, BlockCosts, Sampled};
 use crate::kv::BlockId;
@@ -152,41 +152,104 @@ fn check(model: &ModelFile, config: &CudaConfig) -> Result<(), String> {
     Ok(())
 }
 
+/// How a sampling row's token is chosen: as little of the row as that needs comes back.
+#[derive(Clone, Copy, PartialEq)]
+enum Pick {
+    /// Greedy: the best token, picked on the device (4 bytes back).
+    Argmax,
+    /// Top-k of at most `TOP_K_MAX`: the row's best k picked on the device, drawn from on
+    /// the host (8 bytes a token back).
+    Best(usize),
+    /// Log-probabilities, drafts, or sampling from more than `TOP_K_MAX` tokens: the whole
+    /// logits row.
+    Whole,
+}
+
+impl Pick {
+    fn of(s: &BatchSlice<'_>) -> Pick {
+        let k = s.params.top_k as usize;
+        if s.draft > 0 || s.params.logprobs.is_some() {
+            Pick::Whole
+        } else if is_greedy(s.params) {
+            Pick::Argmax
+        } else if (1..=TOP_K_MAX).contains(&k) {
+            Pick::Best(k)
+        } else {
+            Pick::Whole
+        }
+    }
+}
+
 fn failed(e: String) -> BackendError {
     BackendError::Failed(e)
+}
+
+impl CudaBackend {
+    /// The tokens of a step's sampling rows (`(slice, row)` in batch order), each fetched
+    /// the cheapest way its slice allows (see [`Pick`]).
+    fn sample(
+        &self,
+        batch: &[BatchSlice<'_>],
+        rows: &[(usize, usize)],
+    ) -> Result<Vec<Sampled>, String> {
+        let picks: Vec<Pick> = rows.iter().map(|&(i, _)| Pick::of(&batch[i])).collect();
+        let argmax = if picks.contains(&Pick::Argmax) {
+            self.forward.argmax(rows.len())?
+        } else {
+            Vec::new()
+        };
+        let best = if picks.iter().any(|p| matches!(p, Pick::Best(_))) {
+            let choices: Vec<(usize, f32)> = rows
+                .iter()
+                .zip(&picks)
+                .map(|(&(i, _), pick)| match pick {
+                    Pick::Best(k) => (*k, batch[i].params.temperature),
+                    _ => (0, 1.0),
+                })
+                .collect();
+            self.forward.best(&choices)?
+        } else {
+            Vec::new()
+        };
+        let vocab = self.forward.weights.params.vocab_size;
+        let whole = if picks.contains(&Pick::Whole) {
+            self.forward.logits(rows.len())?
+        } else {
+            Vec::new()
+        };
+        let mut sampled = Vec::with_capacity(rows.len());
+        let mut r = 0;
+        while r < rows.len() {
+            let i = rows[r].0;
+            // A drafted slice has a row per drafted token and one more; others have one.
+            let end = r + rows[r..].iter().take_while(|row| row.0 == i).count();
+            let s = &batch[i];
+            match picks[r] {
+                Pick::Argmax => sampled.push(Sampled {
+                    id: s.id,
+                    token: argmax[r] as u32,
+                    logprobs: None,
+                }),
+                Pick::Best(_) => sampled.push(emit_from_best(s, &best[r])),
+                Pick::Whole => sampled.extend(emit(
+                    batch,
+                    (r..end).map(|j| (i, &whole[j * vocab..(j + 1) * vocab])),
+                )),
+            }
+            r = end;
+        }
+        Ok(sampled)
+    }
 }
 
 impl Backend for CudaBackend {
     fn execute(&mut self, batch: &[BatchSlice<'_>]) -> Result<BatchOutput, BackendError> {
         let plan = self.run(batch).map_err(failed)?;
-        let rows = &plan.sample_rows;
-        // Greedy rows without log-probabilities or drafts need only their best token: picked
-        // on the device, 4 bytes each come back instead of the vocabulary's logits.
-        let on_device = rows.iter().all(|&(i, _)| {
-            let s = &batch[i];
-            s.draft == 0 && s.params.logprobs.is_none() && is_greedy(s.params)
-        });
-        let sampled = if rows.is_empty() {
+        let sampled = if plan.sample_rows.is_empty() {
             self.synchronize().map_err(failed)?;
             Vec::new()
-        } else if on_device {
-            let tokens = self.forward.argmax(rows.len()).map_err(failed)?;
-            rows.iter()
-                .zip(tokens)
-                .map(|(&(i, _), token)| Sampled {
-                    id: batch[i].id,
-                    token: token as u32,
-                    logprobs: None,
-                })
-                .collect()
         } else {
-            let vocab = self.forward.weights.params.vocab_size;
-            let values = self.forward.logits(rows.len()).map_err(failed)?;
-            let logits = rows
-                .iter()
-                .zip(values.chunks_exact(vocab))
-                .map(|(&(i, _), row)| (i, row));
-            emit(batch, logits)
+            self.sample(batch, &plan.sample_rows).map_err(failed)?
         };
         Ok(BatchOutput {
             sampled,

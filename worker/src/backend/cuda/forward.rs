@@ -4,6 +4,7 @@
 use super::gpu::{Arg, Buffer, Gpu};
 use super::plan::{Rope, StepPlan};
 use super::weights::{DeviceWeights, Product};
+use super::TOP_K_MAX;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -38,6 +39,11 @@ struct Buffers {
     plan: Buffer,
     logits: Buffer,
     argmax: Buffer,
+    /// Sampling with top-k: each row's k, then each row's temperature; the rows' best
+    /// `[samples, TOP_K_MAX]` ids and logits.
+    best_k: Buffer,
+    best_ids: Buffer,
+    best_logits: Buffer,
 }
 
 /// Device addresses of a quantised input.
@@ -144,6 +150,9 @@ impl Forward {
             plan: floats(plan_len)?,
             logits: floats(samples * p.vocab_size)?,
             argmax: floats(samples)?,
+            best_k: floats(2 * samples)?,
+            best_ids: floats(samples * TOP_K_MAX)?,
+            best_logits: floats(samples * TOP_K_MAX)?,
         });
         Ok(())
     }
@@ -401,6 +410,47 @@ impl Forward {
             &[Arg::Ptr(b.logits.ptr()), vocab, Arg::Ptr(b.argmax.ptr())],
         )?;
         b.argmax.read(0, samples)
+    }
+
+    /// Each row's best `k` tokens at its temperature as (id, logit) pairs in no particular
+    /// order, picked on the device (waits for the step). `choices`: (k ≤ TOP_K_MAX,
+    /// temperature) per row; rows with k = 0 are skipped and come back empty.
+    pub fn best(&self, choices: &[(usize, f32)]) -> Result<Vec<Vec<(u32, f32)>>, String> {
+        let b = self.buffers()?;
+        let vocab = self.weights.params.vocab_size;
+        let ks: Vec<i32> = choices.iter().map(|c| c.0.min(vocab) as i32).collect();
+        let temperatures: Vec<f32> = choices.iter().map(|c| c.1).collect();
+        if ks.iter().any(|&k| k as usize > TOP_K_MAX) {
+            return Err(format!("top-k over {TOP_K_MAX} is sampled on the host"));
+        }
+        let rows = choices.len();
+        b.best_k.write(0, &ks)?;
+        b.best_k.write(rows, &temperatures)?;
+        self.gpu.launch(
+            "top_k",
+            (rows as u32, 1, 1),
+            THREADS,
+            &[
+                Arg::Ptr(b.logits.ptr()),
+                Arg::I32(vocab as i32),
+                Arg::Ptr(b.best_k.ptr()),
+                Arg::Ptr(b.best_k.at::<f32>(rows)),
+                Arg::Ptr(b.best_ids.ptr()),
+                Arg::Ptr(b.best_logits.ptr()),
+            ],
+        )?;
+        let ids: Vec<i32> = b.best_ids.read(0, rows * TOP_K_MAX)?;
+        let logits: Vec<f32> = b.best_logits.read(0, rows * TOP_K_MAX)?;
+        Ok(ks
+            .iter()
+            .enumerate()
+            .map(|(row, &k)| {
+                let at = row * TOP_K_MAX;
+                (at..at + k as usize)
+                    .map(|i| (ids[i] as u32, logits[i]))
+                    .collect()
+            })
+            .collect())
     }
 
     /// Waits for everything enqueued.

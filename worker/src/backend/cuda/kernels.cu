@@ -408,3 +408,61 @@ extern "C" __global__ void argmax(const float* logits, int vocab, int* out) {
     }
     if (threadIdx.x == 0) out[blockIdx.x] = best_i[0] == 0x7fffffff ? 0 : best_i[0];
 }
+
+// Sampling with top-k: each row's best k tokens by logit over the row's temperature, ties to
+// the lower id (the host's order, sample/mod.rs), as (id, logit) pairs in no particular order;
+// k is cut to TOP_K_MAX and rows with k = 0 are skipped. The k-th best is found by radix
+// selection on a 64-bit key (the value's bits made order-preserving, then the inverted id, so
+// no two keys tie), eight bits a pass; then every token whose key is at or above it is taken.
+#define TOP_K_MAX 1024
+typedef unsigned long long u64;
+
+__device__ __forceinline__ u64 rank_key(float v, int id) {
+    unsigned bits = __float_as_uint(v);
+    unsigned order = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+    return ((u64)order << 32) | (u64)(~(unsigned)id);
+}
+
+extern "C" __global__ void top_k(const float* logits, int vocab, const int* ks,
+                                 const float* temperatures, int* ids, float* values) {
+    __shared__ unsigned counts[256];
+    __shared__ u64 kth;
+    __shared__ unsigned remaining, taken;
+    const int k = min(ks[blockIdx.x], min(vocab, TOP_K_MAX));
+    if (k <= 0) return;
+    const float* row = logits + (long long)blockIdx.x * vocab;
+    const float t = temperatures[blockIdx.x];
+    if (threadIdx.x == 0) {
+        kth = 0;
+        remaining = (unsigned)k;
+        taken = 0;
+    }
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        for (int b = threadIdx.x; b < 256; b += THREADS) counts[b] = 0;
+        __syncthreads();
+        for (int i = threadIdx.x; i < vocab; i += THREADS) {
+            u64 key = rank_key(row[i] / t, i);
+            // Only keys that begin with the bytes chosen so far (none at first).
+            if (shift == 56 || (key >> (shift + 8)) == kth)
+                atomicAdd(&counts[(key >> shift) & 255], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            unsigned above = 0;
+            int b = 255;
+            while (above + counts[b] < remaining) above += counts[b--];
+            kth = (kth << 8) | (u64)b;
+            remaining -= above;
+        }
+        __syncthreads();
+    }
+    int* row_ids = ids + (long long)blockIdx.x * TOP_K_MAX;
+    float* row_values = values + (long long)blockIdx.x * TOP_K_MAX;
+    for (int i = threadIdx.x; i < vocab; i += THREADS) {
+        if (rank_key(row[i] / t, i) >= kth) {
+            unsigned slot = atomicAdd(&taken, 1u);
+            row_ids[slot] = i;
+            row_values[slot] = row[i];
+        }
+    }
+}

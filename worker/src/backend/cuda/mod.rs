@@ -24,7 +24,7 @@ pub use backend::CudaBackend;
 pub const KERNELS: &str = include_str!("kernels.cu");
 
 /// Every kernel the forward pass launches.
-pub const NAMES: [&str; 9] = [
+pub const NAMES: [&str; 10] = [
     "embed",
     "rms_norm_q8",
     "silu_q8",
@@ -34,7 +34,12 @@ pub const NAMES: [&str; 9] = [
     "attn_softmax",
     "attn_pv",
     "argmax",
+    "top_k",
 ];
+
+/// The most tokens the device picks for sampling with top-k (`top_k` in kernels.cu); a row
+/// sampled with a larger or no top-k comes to the host whole.
+pub const TOP_K_MAX: usize = 1024;
 
 /// Head sizes the attention kernel is built for (it splits a block of 128 threads into
 /// whole heads).
