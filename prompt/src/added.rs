@@ -1,11 +1,12 @@
 //! Added (special) tokens cut text before anything else is done to it, as in the `tokenizers`
 //! crate: the leftmost match, the longest one starting there, each text matched verbatim.
 
-/// Added tokens' texts with their ids, longest first (so the longest match wins).
+use aho_corasick::{AhoCorasick, MatchKind};
+
+/// The added tokens' texts, found by one automaton (it skips text that cannot start one).
 pub(crate) struct AddedTokens {
-    tokens: Vec<(String, u32)>,
-    /// First bytes of the texts, to skip the rest of the text quickly.
-    starts: [bool; 256],
+    finder: AhoCorasick,
+    ids: Vec<u32>,
 }
 
 /// A piece of text between added tokens, or one of them.
@@ -16,74 +17,37 @@ pub(crate) enum Piece<'t> {
 }
 
 impl AddedTokens {
-    pub fn new(mut tokens: Vec<(String, u32)>) -> Self {
+    pub fn new(mut tokens: Vec<(String, u32)>) -> Result<Self, aho_corasick::BuildError> {
         tokens.retain(|(text, _)| !text.is_empty());
-        tokens.sort_by(|x, y| y.0.len().cmp(&x.0.len()).then(x.0.cmp(&y.0)));
-        let mut starts = [false; 256];
-        for (text, _) in &tokens {
-            starts[text.as_bytes()[0] as usize] = true;
-        }
-        AddedTokens { tokens, starts }
+        let finder = AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(tokens.iter().map(|(text, _)| text))?;
+        let ids = tokens.into_iter().map(|(_, id)| id).collect();
+        Ok(AddedTokens { finder, ids })
     }
 
     /// `text` cut at the added tokens in it, in order; empty pieces of text are left out.
-    pub fn split<'a, 't>(&'a self, text: &'t str) -> Split<'a, 't> {
-        Split {
-            added: self,
-            text,
-            start: 0,
-            at: 0,
-            token: None,
-        }
-    }
-
-    fn token_at(&self, bytes: &[u8]) -> Option<&(String, u32)> {
-        if !self.starts[bytes[0] as usize] {
-            return None;
-        }
-        self.tokens
-            .iter()
-            .find(|(t, _)| bytes.starts_with(t.as_bytes()))
-    }
-}
-
-pub(crate) struct Split<'a, 't> {
-    added: &'a AddedTokens,
-    text: &'t str,
-    /// Where the current piece of text starts.
-    start: usize,
-    /// Where the search for the next added token goes on.
-    at: usize,
-    /// An added token found after the piece of text just returned.
-    token: Option<u32>,
-}
-
-impl<'t> Iterator for Split<'_, 't> {
-    type Item = Piece<'t>;
-
-    fn next(&mut self) -> Option<Piece<'t>> {
-        if let Some(id) = self.token.take() {
-            return Some(Piece::Token(id));
-        }
-        let bytes = self.text.as_bytes();
-        while self.at < bytes.len() {
-            let Some((t, id)) = self.added.token_at(&bytes[self.at..]) else {
-                self.at += 1;
-                continue;
-            };
-            // An added token starts with a whole character, so `at` is a boundary.
-            let before = &self.text[self.start..self.at];
-            self.at += t.len();
-            self.start = self.at;
-            if before.is_empty() {
-                return Some(Piece::Token(*id));
+    pub fn split<'a, 't: 'a>(&'a self, text: &'t str) -> impl Iterator<Item = Piece<'t>> + 'a {
+        let mut start = 0;
+        let mut matches = self.finder.find_iter(text);
+        let mut token = None;
+        std::iter::from_fn(move || {
+            if let Some(id) = token.take() {
+                return Some(Piece::Token(id));
             }
-            self.token = Some(*id);
-            return Some(Piece::Text(before));
-        }
-        let rest = &self.text[self.start..];
-        self.start = self.text.len();
-        (!rest.is_empty()).then_some(Piece::Text(rest))
+            let Some(m) = matches.next() else {
+                let rest = &text[start..];
+                start = text.len();
+                return (!rest.is_empty()).then_some(Piece::Text(rest));
+            };
+            let (before, id) = (&text[start..m.start()], self.ids[m.pattern().as_usize()]);
+            start = m.end();
+            if before.is_empty() {
+                return Some(Piece::Token(id));
+            }
+            token = Some(id);
+            Some(Piece::Text(before))
+        })
     }
 }
 
@@ -98,7 +62,8 @@ mod tests {
             ("<s><s>".into(), 2),
             ("s>".into(), 3),
             (String::new(), 4),
-        ]);
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
         let pieces: Vec<_> = added.split("a<s><s><s>b s>é").collect();
         use Piece::*;
         assert_eq!(

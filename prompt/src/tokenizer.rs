@@ -142,7 +142,11 @@ impl Tokenizer {
 
     /// With the fields derived from the model and its added tokens filled in.
     fn completed(mut self) -> Self {
-        self.added = self.verbatim_added_tokens().map(AddedTokens::new);
+        // Without the automaton (it cannot fail on a tokenizer's few texts) text is simply
+        // not cut ahead of the crate's pipeline.
+        self.added = self
+            .verbatim_added_tokens()
+            .and_then(|tokens| AddedTokens::new(tokens).ok());
         self.max_token_bytes = (0..self.vocab_size)
             .map(|id| self.token_bytes(id).len())
             .max()
