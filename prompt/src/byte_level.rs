@@ -35,7 +35,7 @@ impl ByteLevelWords {
         let mut words_of = |piece: &str| {
             let mut at = 0;
             while let Some(m) = self.words.find_at(piece, at) {
-                let end = self.look_ahead(piece, m.start(), m.end());
+                let end = look_ahead(piece, m.start(), m.end());
                 word.clear();
                 word.extend(
                     piece.as_bytes()[m.start()..end]
@@ -65,17 +65,15 @@ impl ByteLevelWords {
         }
         Ok(())
     }
+}
 
-    /// The end of the match `start..end` under GPT-2's `\s+(?!\S)`: a run of whitespace
-    /// followed by a word gives its last character to that word (`"  a"` is `" "`, `" a"`).
-    /// Only the `\s+` alternative ends in whitespace; being greedy, it stops at a non-space.
-    fn look_ahead(&self, piece: &str, start: usize, end: usize) -> usize {
-        let run = &piece[start..end];
-        let mut chars = run.char_indices().rev();
-        match chars.next() {
-            Some((last, c)) if c.is_whitespace() && last > 0 && end < piece.len() => start + last,
-            _ => end,
-        }
+/// The end of the match `start..end` under GPT-2's `\s+(?!\S)`: a run of whitespace
+/// followed by a word gives its last character to that word (`"  a"` is `" "`, `" a"`).
+/// Only the `\s+` alternative ends in whitespace; being greedy, it stops at a non-space.
+fn look_ahead(piece: &str, start: usize, end: usize) -> usize {
+    match piece[start..end].char_indices().next_back() {
+        Some((last, c)) if c.is_whitespace() && last > 0 && end < piece.len() => start + last,
+        _ => end,
     }
 }
 
