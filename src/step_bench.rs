@@ -186,32 +186,25 @@ fn time_decode(
             (tokens, table)
         })
         .collect();
-    // The prompts (whole, or the next token when decoding), one slice per sequence.
-    let slices = |seqs: &[(Vec<u32>, Vec<u32>)], decode: bool| -> Vec<(usize, usize, usize)> {
-        seqs.iter()
-            .map(|(t, _)| {
-                let start = if decode { t.len() - 1 } else { 0 };
-                (start, t.len() - start, t.len() - args.context)
-            })
-            .collect()
-    };
     let mut step_s = Vec::new();
+    // Step 0 computes the prompts (untimed); the others decode one token per sequence.
     for step in 0..=args.steps + 1 {
-        let shape = slices(&seqs, step > 0);
         let batch_slices: Vec<BatchSlice<'_>> = seqs
             .iter()
-            .zip(&shape)
             .enumerate()
-            .map(|(i, ((t, table), &(start, len, out)))| BatchSlice {
-                id: i as u64,
-                tokens: t,
-                start,
-                len,
-                block_table: table,
-                samples: true,
-                draft: 0,
-                params,
-                num_output_tokens: out,
+            .map(|(i, (t, table))| {
+                let start = if step == 0 { 0 } else { t.len() - 1 };
+                BatchSlice {
+                    id: i as u64,
+                    tokens: t,
+                    start,
+                    len: t.len() - start,
+                    block_table: table,
+                    samples: true,
+                    draft: 0,
+                    params,
+                    num_output_tokens: t.len() - args.context,
+                }
             })
             .collect();
         let started = Instant::now();
