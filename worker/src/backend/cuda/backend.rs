@@ -2,7 +2,7 @@
 
 use super::forward::Forward;
 use super::gpu::Gpu;
-use super::plan::StepPlan;
+use super::plan::{StepPlan, StepShape};
 use super::weights::DeviceWeights;
 use super::{CudaConfig, HEAD_DIMS, TOP_K_MAX};
 use crate::backend::cpu::weights::Weights;
@@ -112,14 +112,12 @@ impl CudaBackend {
 
     fn run(&mut self, batch: &[BatchSlice<'_>]) -> Result<StepPlan, String> {
         let (block_size, rope) = (self.forward.block_size, self.forward.rope);
-        let mut plan = StepPlan::build(batch, block_size, rope).map_err(|e| e.to_string())?;
-        // A decode step padded to the size of a recorded graph.
-        if let Some(tokens) = self.forward.graph_tokens(&plan) {
-            if tokens > plan.layout.num_tokens {
-                plan =
-                    StepPlan::padded(batch, block_size, rope, tokens).map_err(|e| e.to_string())?;
-            }
-        }
+        // A decode step is padded to the size of a recorded graph.
+        let pad_to = self
+            .forward
+            .graph_tokens(&StepShape::of(batch, block_size))
+            .unwrap_or(0);
+        let plan = StepPlan::padded(batch, block_size, rope, pad_to).map_err(|e| e.to_string())?;
         self.forward.run(&plan)?;
         Ok(plan)
     }

@@ -2,7 +2,7 @@
 //! fixed sequence of kernel launches on one stream.
 
 use super::gpu::{Arg, Buffer, Gpu};
-use super::plan::{Rope, StepPlan};
+use super::plan::{Rope, StepPlan, StepShape};
 use super::weights::{DeviceWeights, Product};
 use super::TOP_K_MAX;
 use std::collections::HashMap;
@@ -196,14 +196,13 @@ impl Forward {
         Ok(())
     }
 
-    /// The tokens a graph for `plan` would take, when `plan` is a decode step graphs serve.
-    pub fn graph_tokens(&self, plan: &StepPlan) -> Option<usize> {
-        let l = plan.layout;
+    /// The tokens a graph for a step of `shape` would take, when graphs serve such a step.
+    pub fn graph_tokens(&self, shape: &StepShape) -> Option<usize> {
         (self.graphs_on
-            && plan.decode_only
-            && l.num_tokens <= GRAPH_TOKENS
-            && l.max_visible <= GRAPH_VISIBLE)
-            .then(|| l.num_tokens.next_power_of_two())
+            && shape.decode_only
+            && shape.num_tokens <= GRAPH_TOKENS
+            && shape.max_visible <= GRAPH_VISIBLE)
+            .then(|| shape.num_tokens.next_power_of_two())
     }
 
     /// Enqueues the step's pass; the logits of `plan`'s sample rows are in the logits buffer
@@ -224,7 +223,7 @@ impl Forward {
                 SCORES_FLOATS / self.weights.params.heads
             ));
         }
-        if self.graph_tokens(plan) == Some(l.num_tokens) {
+        if self.graph_tokens(&plan.shape()) == Some(l.num_tokens) {
             let stride = l.max_visible.next_power_of_two().max(THREADS as usize);
             self.reserve(plan, stride)?;
             self.buffers()?.plan.write(0, &plan.packed)?;

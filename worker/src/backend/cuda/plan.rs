@@ -49,6 +49,37 @@ pub struct StepPlan {
     pub decode_only: bool,
 }
 
+/// What decides whether a step can replay a CUDA graph, known from the batch before it is
+/// planned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepShape {
+    pub num_tokens: usize,
+    /// The most positions any token attends over.
+    pub max_visible: usize,
+    /// Every slice one token that samples, none drafted.
+    pub decode_only: bool,
+}
+
+impl StepShape {
+    pub fn of(batch: &[BatchSlice<'_>], block_size: usize) -> StepShape {
+        // A token sees its own and the earlier positions its table reaches.
+        let visible = |s: &BatchSlice<'_>| (s.start + s.len).min(s.block_table.len() * block_size);
+        StepShape {
+            num_tokens: batch.iter().map(|s| s.len).sum(),
+            max_visible: batch
+                .iter()
+                .filter(|s| s.len > 0)
+                .map(visible)
+                .max()
+                .unwrap_or(0),
+            decode_only: !batch.is_empty()
+                && batch
+                    .iter()
+                    .all(|s| s.len == 1 && s.samples && s.draft == 0),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum PlanError {
     #[error(
@@ -77,7 +108,8 @@ impl StepPlan {
         rope: Rope,
         pad_to: usize,
     ) -> Result<StepPlan, PlanError> {
-        let real_tokens: usize = batch.iter().map(|s| s.len).sum();
+        let shape = StepShape::of(batch, block_size);
+        let real_tokens = shape.num_tokens;
         let num_tokens = real_tokens.max(pad_to);
         let padding = num_tokens - real_tokens;
         let tables_len: usize = batch.iter().map(|s| s.block_table.len()).sum();
@@ -94,7 +126,7 @@ impl StepPlan {
         }
         let n = sample_rows.len() + padding;
         let hd = rope.head_dim;
-        let mut layout = Layout {
+        let layout = Layout {
             tokens: 0,
             positions: num_tokens,
             slots: 2 * num_tokens,
@@ -104,7 +136,7 @@ impl StepPlan {
             rope: 6 * num_tokens,
             sample_rows: (6 + hd) * num_tokens,
             tables: (6 + hd) * num_tokens + n,
-            max_visible: 0,
+            max_visible: shape.max_visible,
             num_tokens,
             num_samples: n,
             len: (6 + hd) * num_tokens + n + tables_len,
@@ -131,11 +163,8 @@ impl StepPlan {
                     None => -1,
                 };
                 packed[layout.table_start + t] = table_start;
-                // A token sees its own and the earlier positions its table reaches.
                 let reach = s.block_table.len() * block_size;
-                let visible = (pos + 1).min(reach);
-                packed[layout.visible + t] = index(visible)?;
-                layout.max_visible = layout.max_visible.max(visible);
+                packed[layout.visible + t] = index((pos + 1).min(reach))?;
                 packed[layout.order + t] = order;
                 let angles = &mut packed[layout.rope + t * hd..layout.rope + (t + 1) * hd];
                 let mut theta = pos as f32;
@@ -159,16 +188,21 @@ impl StepPlan {
         for (j, row) in rows.chain(real_tokens..num_tokens).enumerate() {
             packed[layout.sample_rows + j] = index(row)?;
         }
-        let decode_only = !batch.is_empty()
-            && batch
-                .iter()
-                .all(|s| s.len == 1 && s.samples && s.draft == 0);
         Ok(StepPlan {
             packed,
             layout,
             sample_rows,
-            decode_only,
+            decode_only: shape.decode_only,
         })
+    }
+
+    /// This plan's shape (its tokens with the padding).
+    pub fn shape(&self) -> StepShape {
+        StepShape {
+            num_tokens: self.layout.num_tokens,
+            max_visible: self.layout.max_visible,
+            decode_only: self.decode_only,
+        }
     }
 
     pub fn section(&self, start: usize, len: usize) -> &[i32] {
@@ -288,6 +322,36 @@ mod tests {
         assert_eq!(plan.section(l.slots, 6), [16, 17, 18, 19, -1, -1]);
         // It sees only what the table reaches.
         assert_eq!(plan.section(l.visible, 6), [1, 2, 3, 4, 4, 4]);
+    }
+
+    /// The shape read off the batch before planning is the plan's own, padding aside.
+    #[test]
+    fn a_batchs_shape_is_its_plans() {
+        let p = SamplingParams::default();
+        let tokens: Vec<u32> = (0..10).collect();
+        let table = [3u32, 4];
+        let prompt = slice(&tokens, 0, 10, &table, &p);
+        let decode = slice(&tokens, 6, 1, &table, &p);
+        let empty = slice(&tokens, 0, 0, &[], &p);
+        for batch in [
+            vec![prompt, decode],
+            vec![decode, decode],
+            vec![empty, decode],
+        ] {
+            let shape = StepShape::of(&batch, 4);
+            assert_eq!(shape, StepPlan::build(&batch, 4, ROPE).unwrap().shape());
+            let padded = StepPlan::padded(&batch, 4, ROPE, 16).unwrap().shape();
+            assert_eq!(
+                padded,
+                StepShape {
+                    num_tokens: 16,
+                    ..shape
+                }
+            );
+        }
+        assert_eq!(StepShape::of(&[prompt, decode], 4).max_visible, 8);
+        assert!(StepShape::of(&[decode, decode], 4).decode_only);
+        assert!(!StepShape::of(&[empty, decode], 4).decode_only);
     }
 
     #[test]
