@@ -37,8 +37,8 @@ enum Command {
     /// Simulate a fleet in virtual time (real engines on the sim backend, real gateway
     /// policy) and compare routing policies on the same arrivals.
     Sim(sim_cli::SimArgs),
-    /// Time the CUDA backend's steps directly: decode at several batch sizes and one long
-    /// prompt (a build with `--features cuda`).
+    /// Time the CUDA backend's steps directly: greedy decode at several batch sizes, sampled
+    /// decode at one, and one long prompt (a build with `--features cuda`).
     StepBench(step_bench::StepBenchArgs),
     /// Run the gateway (SIGHUP reloads the config; SIGINT stops at once, SIGTERM gracefully).
     Gateway {

@@ -365,11 +365,8 @@ fn every_weight_format_multiplies_to_the_cpu_backends_bits() {
     let isa = Isa::detect();
     for kind in [WeightType::Q4_0, WeightType::Q4_1, WeightType::Q8_0] {
         // Blocks with sane f16 scales (and Q4_1 offsets) and random values.
-        let (size, header) = match kind {
-            WeightType::Q4_1 => (20, 4),
-            WeightType::Q8_0 => (34, 2),
-            _ => (18, 2),
-        };
+        let size = kind.row_bytes(32);
+        let header = if kind == WeightType::Q4_1 { 4 } else { 2 };
         let mut bytes = Vec::new();
         for _ in 0..rows * cols / 32 {
             let d = half::f16::from_f32(0.01 + (next() % 1000) as f32 * 1e-4);

@@ -25,7 +25,6 @@ use forward::Forward;
 use kv_cache::KvCache;
 use std::path::Path;
 use std::sync::Arc;
-
 use team::Team;
 use weights::{WeightError, Weights};
 

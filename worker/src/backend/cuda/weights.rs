@@ -61,11 +61,9 @@ fn kind_id(kind: WeightType) -> Option<i32> {
 
 /// Quantised values of each block, without the block's scale header.
 fn block_values(kind: WeightType, bytes: &[u8]) -> Vec<u8> {
-    let (size, header) = match kind {
-        WeightType::Q4_1 => (20, 4),
-        WeightType::Q8_0 => (34, 2),
-        _ => (18, 2),
-    };
+    let size = kind.row_bytes(QK);
+    // f16 scale `d`, and Q4_1's f16 offset `m`.
+    let header = if kind == WeightType::Q4_1 { 4 } else { 2 };
     bytes
         .chunks_exact(size)
         .flat_map(|b| b[header..].iter().copied())
