@@ -114,10 +114,7 @@ pub fn run(args: StepBenchArgs) -> Result<(), String> {
         );
     }
     // One long prompt in one step, the best of three.
-    let vocab = p.vocab_size as u32;
-    let tokens: Vec<u32> = (0..args.prefill as u32)
-        .map(|j| (j * 7919 + 100) % vocab)
-        .collect();
+    let tokens = kvgate_worker::backend::timing::filler(args.prefill, p.vocab_size);
     let table: Vec<u32> = (1..=args.prefill.div_ceil(BLOCK) as u32).collect();
     let slice = BatchSlice {
         id: 0,

@@ -8,7 +8,7 @@ use crate::spec::StepCosts;
 use std::time::{Duration, Instant};
 
 /// Tokens that are not special in a vocabulary of `vocab`, spread over it.
-fn filler(len: usize, vocab: usize) -> Vec<u32> {
+pub fn filler(len: usize, vocab: usize) -> Vec<u32> {
     let vocab = vocab.max(1) as u32;
     (0..len as u32).map(|i| (i * 7919 + 100) % vocab).collect()
 }
