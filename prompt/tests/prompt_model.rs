@@ -2,7 +2,9 @@
 //! tokenizer's own, and a `tokenizer.json` built from the GGUF tokenizes alike.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use kvgate_prompt::gguf::{Gguf, Value};
 use kvgate_prompt::template::TemplateMessage;
+use kvgate_prompt::tokenizer::Tokenizer;
 use kvgate_prompt::PromptModel;
 use proptest::prelude::*;
 use std::path::PathBuf;
@@ -120,23 +122,37 @@ const WORD_PIECES: &[&str] = &[
     "<|im_sta",
 ];
 
+/// The default model's tokenizer with GPT-2's pre-tokenizer (numerals not split one by one).
+fn gpt2_pre_tokenizer() -> &'static Tokenizer {
+    static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
+    TOKENIZER.get_or_init(|| {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        let mut gguf = Gguf::open(&path).unwrap();
+        gguf.metadata
+            .insert("tokenizer.ggml.pre".into(), Value::String("gpt2".into()));
+        Tokenizer::from_gguf(&gguf).unwrap()
+    })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
     /// The direct pre-tokenizer gives the `tokenizers` crate's ids on any text, with and
-    /// without special tokens parsed.
+    /// without special tokens parsed, for both pre-tokenizers a GGUF may name.
     #[test]
     fn direct_byte_level_equals_the_crates_pipeline(
         parts in prop::collection::vec(0..WORD_PIECES.len(), 0..32),
         noise in "\\PC{0,12}",
     ) {
         let text: String = parts.iter().map(|&i| WORD_PIECES[i]).chain([noise.as_str()]).collect();
-        let t = &model().tokenizer;
-        for special in [true, false] {
-            prop_assert_eq!(
-                t.encode(&text, special).unwrap(),
-                t.encode_reference(&text, special).unwrap(),
-                "{:?} parse_special {}", text, special
-            );
+        for (t, pre) in [(&model().tokenizer, "smollm"), (gpt2_pre_tokenizer(), "gpt2")] {
+            for special in [true, false] {
+                prop_assert_eq!(
+                    t.encode(&text, special).unwrap(),
+                    t.encode_reference(&text, special).unwrap(),
+                    "{:?} pre-tokenizer {} parse_special {}", text, pre, special
+                );
+            }
         }
     }
 }
