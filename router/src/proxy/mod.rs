@@ -8,6 +8,7 @@ mod gather;
 pub mod header;
 pub mod request;
 pub mod respond;
+mod this_thread;
 
 use crate::classes::Class;
 use crate::config::PdPool;
@@ -99,9 +100,10 @@ impl ProxyService {
 impl ServerApp for ProxyService {
     async fn process_new(
         self: &Arc<Self>,
-        mut stream: Stream,
+        stream: Stream,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
+        let mut stream = this_thread::to_this_thread(stream);
         if !header::first_bytes(&mut stream, &self.0.gateway.snapshot().config.limits).await {
             return None;
         }
