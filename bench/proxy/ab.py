@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""kvgate builds and thread counts against each other alone, in front of the same nginx backend,
+in an order rotated one place per round (on a shared VM a fixed order gives one of them a
+steady edge). Per config and round: throughput at 64 connections, and at one connection the
+p50, CPU and wake-ups per request, as bench/proxy/run.py measures them.
+
+Usage: bench/proxy/ab.py [--seconds 3] [--rounds 4] [--shape 200B] [--mode text|token]
+                         [--out DIR] LABEL=BINARY:THREADS ...
+e.g. bench/proxy/ab.py before=/tmp/kvgate-before:2 after=target/release/kvgate:2
+"""
+import argparse, json, os, shutil, statistics, sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run import HERE, MODEL_FILE, SHAPES, nginx_conf, wrk, wrk_script  # noqa: E402
+from servers import Server, free_port, prepare  # noqa: E402
+
+
+def gateway(tmp, label, binary, threads, backend, mode):
+    port = free_port()
+    path = os.path.join(tmp, f"{label}.yaml")
+    tokenizer = (f"tokenizers:\n  - {{model: bench, path: {MODEL_FILE}, block_size: 16, "
+                 "context_length: 131072}\n" if mode == "token" else "")
+    with open(path, "w") as f:
+        f.write(f'listen: "127.0.0.1:{port}"\nthreads: {threads}\nreplicas:\n'
+                f'  - url: "http://127.0.0.1:{backend}"\n    models: [bench]\n{tokenizer}')
+    return Server(label, [binary, "gateway", "--config", path], port, tmp)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("configs", nargs="+", metavar="LABEL=BINARY:THREADS")
+    ap.add_argument("--seconds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--shape", default="200B", choices=[s for s in SHAPES if s != "stream64"])
+    ap.add_argument("--mode", default="text", choices=["text", "token"])
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    args = ap.parse_args()
+    os.environ.setdefault("KVGATE_LOG", "warn")
+    tmp = prepare("proxy-ab", args.out)
+    servers = []
+    try:
+        backend = free_port()
+        conf = nginx_conf(tmp, "backend", open(os.path.join(HERE, "backend.conf.in")).read()
+                          .replace("@PORT@", str(backend)), 1)
+        servers.append(Server("backend", [shutil.which("nginx") or "/usr/sbin/nginx", "-c", conf],
+                              backend, tmp))
+        gateways = {}
+        for c in args.configs:
+            label, rest = c.split("=", 1)
+            binary, threads = rest.rsplit(":", 1)
+            gateways[label] = gateway(tmp, label, binary, int(threads), backend, args.mode)
+            servers.append(gateways[label])
+        script = wrk_script(args.shape, tmp)
+        runs = {label: [] for label in gateways}
+        order = list(gateways)
+        for r in range(args.rounds):
+            for label in order[r % len(order):] + order[:r % len(order)]:
+                s = gateways[label]
+                url = f"http://127.0.0.1:{s.port}/v1/chat/completions"
+                one = wrk(url, script, 1, 1, args.seconds, s.proc.pid)
+                many = wrk(url, script, 2, 64, args.seconds)
+                runs[label].append({**one, "rps": many["rps"]})
+        lines = [f"{args.shape}, {args.mode} mode, {args.seconds} s x {args.rounds} rounds "
+                 "(median, then each round in the order run):", "",
+                 "| config | req/s (64 conns) | p50 µs | CPU µs/req | wake-ups/req |",
+                 "|---|---:|---:|---:|---:|"]
+        for label, rs in runs.items():
+            cell = lambda k, f: f"{statistics.median(r[k] for r in rs):{f}} ({', '.join(f'{r[k]:{f}}' for r in rs)})"  # noqa: E731,E501
+            lines.append(f"| {label} | {cell('rps', '.0f')} | {cell('p50', '.0f')} | "
+                         f"{cell('cpu_us', '.0f')} | {cell('wakeups', '.2f')} |")
+        print("\n".join(lines))
+        name = f"ab-{args.shape}-{args.mode}"
+        with open(os.path.join(args.out, f"{name}.md"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+        with open(os.path.join(args.out, f"{name}.json"), "w") as f:
+            json.dump({"configs": args.configs, "runs": runs}, f, indent=1)
+    finally:
+        for s in reversed(servers):
+            s.stop()
+
+
+if __name__ == "__main__":
+    main()
