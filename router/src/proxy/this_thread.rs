@@ -1,9 +1,9 @@
 //! Moves an accepted client connection onto the thread that serves it.
 //!
 //! Pingora accepts every connection on one thread's runtime and then runs it on one drawn at
-//! random. A socket stays registered with the runtime that accepted it, so with more than one
-//! thread most connections had each read dispatched by the accepting thread, which then woke
-//! the serving one: a thread hand-off per read. Registering the socket again with the serving
+//! random. A socket stays registered with the runtime that accepted it, so a connection served
+//! by another thread has each read dispatched by the accepting thread, which then wakes the
+//! serving one: a thread hand-off per read. Registering the socket again with the serving
 //! thread's runtime, once per connection, keeps every read on the thread that handles it.
 
 use pingora_core::protocols::l4::stream::Stream as L4Stream;
