@@ -125,7 +125,7 @@ pub fn run(path: &Path, options: RunOptions) -> Result<(), StartError> {
     server.bootstrap();
     let mut proxy = Service::new(
         "kvgate proxy".into(),
-        proxy::ProxyService::new(Arc::clone(&gateway)),
+        proxy::ProxyService::new(Arc::clone(&gateway), threads),
     );
     let tls = |certificate: &Arc<tls::Certificate>| {
         certificate.settings().map_err(|message| {

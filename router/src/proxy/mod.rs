@@ -87,12 +87,19 @@ impl HttpServerApp for ProxyApp {
 }
 
 /// The listening service's app: [`ProxyApp`] behind a deadline for a connection's first bytes
-/// (see [`header::first_bytes`]).
-pub struct ProxyService(Arc<ProxyApp>);
+/// (see [`header::first_bytes`]), each connection on the thread that serves it.
+pub struct ProxyService {
+    app: Arc<ProxyApp>,
+    /// The proxy runtime's threads: with one, the accepting runtime is the serving one.
+    threads: usize,
+}
 
 impl ProxyService {
-    pub fn new(gateway: Arc<Gateway>) -> Self {
-        ProxyService(Arc::new(ProxyApp::new(gateway)))
+    pub fn new(gateway: Arc<Gateway>, threads: usize) -> Self {
+        ProxyService {
+            app: Arc::new(ProxyApp::new(gateway)),
+            threads,
+        }
     }
 }
 
@@ -103,15 +110,19 @@ impl ServerApp for ProxyService {
         stream: Stream,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
-        let mut stream = this_thread::to_this_thread(stream);
-        if !header::first_bytes(&mut stream, &self.0.gateway.snapshot().config.limits).await {
+        let mut stream = if self.threads > 1 {
+            this_thread::to_this_thread(stream)
+        } else {
+            stream
+        };
+        if !header::first_bytes(&mut stream, &self.app.gateway.snapshot().config.limits).await {
             return None;
         }
-        self.0.process_new(stream, shutdown).await
+        self.app.process_new(stream, shutdown).await
     }
 
     async fn cleanup(&self) {
-        ServerApp::cleanup(self.0.as_ref()).await;
+        ServerApp::cleanup(self.app.as_ref()).await;
     }
 }
 
