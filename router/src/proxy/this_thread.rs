@@ -6,6 +6,7 @@
 //! serving one: a thread hand-off per read. Registering the socket again with the serving
 //! thread's runtime, once per connection, keeps every read on the thread that handles it.
 
+use pingora_core::protocols::l4::socket::SocketAddr;
 use pingora_core::protocols::l4::stream::Stream as L4Stream;
 use pingora_core::protocols::{GetSocketDigest, SocketDigest, Stream};
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
@@ -17,29 +18,25 @@ pub fn to_this_thread(stream: Stream) -> Stream {
     let Some(tcp) = stream.as_any().downcast_ref::<L4Stream>() else {
         return stream;
     };
-    // The address the listener recorded saves a lookup; without it the new digest looks it up.
-    let peer = tcp
-        .get_socket_digest()
-        .and_then(|d| d.peer_addr.get().cloned().flatten());
+    // A Unix socket is an L4 stream too; only an IP peer's connection is moved, and the
+    // address the listener recorded goes with it.
+    let peer = tcp.get_socket_digest().and_then(|d| d.peer_addr().cloned());
+    let Some(peer @ SocketAddr::Inet(_)) = peer else {
+        return stream;
+    };
+    // The duplicate shares the original's file status, non-blocking included, as tokio needs.
     let Ok(socket) = duplicate(tcp) else {
         return stream;
     };
-    let socket = std::net::TcpStream::from(socket);
-    // A Unix socket is an L4 stream too, but has no IP address.
-    if socket.local_addr().is_err() || socket.set_nonblocking(true).is_err() {
-        return stream;
-    }
     // Reads and writes go through the duplicate from here on; dropping the original
     // deregisters it from the accepting runtime and closes its descriptor, not the socket.
-    let Ok(socket) = tokio::net::TcpStream::from_std(socket) else {
+    let Ok(socket) = tokio::net::TcpStream::from_std(std::net::TcpStream::from(socket)) else {
         return stream;
     };
     drop(stream);
     let mut moved = L4Stream::from(socket);
     let digest = SocketDigest::from_raw_fd(moved.as_raw_fd());
-    if let Some(peer) = peer {
-        let _ = digest.peer_addr.set(Some(peer));
-    }
+    let _ = digest.peer_addr.set(Some(peer));
     moved.set_socket_digest(digest);
     Box::new(moved)
 }
@@ -56,7 +53,6 @@ fn duplicate(tcp: &L4Stream) -> std::io::Result<OwnedFd> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pingora_core::protocols::l4::socket::SocketAddr;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     fn runtime() -> tokio::runtime::Runtime {
@@ -119,7 +115,9 @@ mod tests {
         let serving = runtime();
         serving.block_on(async {
             let (a, _b) = tokio::net::UnixStream::pair().unwrap();
-            let stream: Stream = Box::new(L4Stream::from(a));
+            let mut s = L4Stream::from(a);
+            s.set_socket_digest(SocketDigest::from_raw_fd(s.as_raw_fd()));
+            let stream: Stream = Box::new(s);
             let id = stream.id();
             let stream = to_this_thread(stream);
             assert_eq!(stream.id(), id);
