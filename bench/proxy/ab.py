@@ -11,18 +11,14 @@ e.g. bench/proxy/ab.py before=/tmp/kvgate-before:2 after=target/release/kvgate:2
 import argparse, json, os, shutil, statistics, sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run import HERE, MODEL_FILE, SHAPES, nginx_conf, wrk, wrk_script  # noqa: E402
+from run import HERE, SHAPES, gateway_config, nginx_conf, wrk, wrk_script  # noqa: E402
 from servers import Server, free_port, prepare  # noqa: E402
 
 
 def gateway(tmp, label, binary, threads, backend, mode):
     port = free_port()
-    path = os.path.join(tmp, f"{label}.yaml")
-    tokenizer = (f"tokenizers:\n  - {{model: bench, path: {MODEL_FILE}, block_size: 16, "
-                 "context_length: 131072}\n" if mode == "token" else "")
-    with open(path, "w") as f:
-        f.write(f'listen: "127.0.0.1:{port}"\nthreads: {threads}\nreplicas:\n'
-                f'  - url: "http://127.0.0.1:{backend}"\n    models: [bench]\n{tokenizer}')
+    path = gateway_config(os.path.join(tmp, f"{label}.yaml"), port, threads, backend,
+                          mode == "token")
     return Server(label, [binary, "gateway", "--config", path], port, tmp)
 
 

@@ -159,6 +159,17 @@ def nginx_conf(tmp, name, server_block, workers=1):
     return path
 
 
+def gateway_config(path, port, threads, backend, token_mode):
+    """Writes a kvgate gateway config in front of `backend`; returns its path."""
+    # A context long enough for the 64 KB prompt (SmolLM2's own is 8k tokens).
+    tokenizer = (f"tokenizers:\n  - {{model: bench, path: {MODEL_FILE}, block_size: 16, "
+                 "context_length: 131072}\n" if token_mode else "")
+    with open(path, "w") as f:
+        f.write(f'listen: "127.0.0.1:{port}"\nthreads: {threads}\nreplicas:\n'
+                f'  - url: "http://127.0.0.1:{backend}"\n    models: [bench]\n{tokenizer}')
+    return path
+
+
 def start_proxies(backend, tmp, threads, tag, before):
     """Each proxy in front of `backend`: name → Server. `before`: (label, binary) of an earlier
     kvgate build to run beside this one, or None."""
@@ -170,17 +181,9 @@ def start_proxies(backend, tmp, threads, tag, before):
              "  location / { proxy_pass http://backend; proxy_http_version 1.1;\n"
              '    proxy_set_header Connection ""; proxy_buffering off; } }\n')
     conf = nginx_conf(tmp, f"proxy-{tag}", block, threads)
-    configs = {}
-    for mode in ("text", "token", "text-before", "token-before"):
-        path = os.path.join(tmp, f"kvgate-{mode}-{tag}.yaml")
-        # A context long enough for the 64 KB prompt (SmolLM2's own is 8k tokens).
-        tokenizer = (f"tokenizers:\n  - {{model: bench, path: {MODEL_FILE}, block_size: 16, "
-                     "context_length: 131072}\n"
-                     if mode.startswith("token") else "")
-        with open(path, "w") as f:
-            f.write(f'listen: "127.0.0.1:{ports[mode]}"\nthreads: {threads}\nreplicas:\n'
-                    f'  - url: "http://127.0.0.1:{backend}"\n    models: [bench]\n{tokenizer}')
-        configs[mode] = path
+    configs = {mode: gateway_config(os.path.join(tmp, f"kvgate-{mode}-{tag}.yaml"), ports[mode],
+                                    threads, backend, mode.startswith("token"))
+               for mode in ("text", "token", "text-before", "token-before")}
     router = ["--host", "127.0.0.1", "--worker-urls", f"http://127.0.0.1:{backend}"]
     gateway = lambda mode, binary=KVGATE: [binary, "gateway", "--config", configs[mode]]  # noqa: E731
     commands = [
