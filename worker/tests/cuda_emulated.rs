@@ -530,3 +530,12 @@ fn the_top_k_kernel_picks_the_hosts_best_k() {
         assert_eq!(device, host, "row {r}: k {k}, temperature {t}");
     }
 }
+
+/// The tests build their emulators at once; each build writes and loads a library of its
+/// own, never one another build is still writing or has already removed.
+#[test]
+fn every_build_has_a_library_file_of_its_own() {
+    let first = emulator::Emulator::library_path(64);
+    let second = emulator::Emulator::library_path(64);
+    assert_ne!(first, second);
+}

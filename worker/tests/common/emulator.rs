@@ -10,6 +10,7 @@ use std::alloc::Layout;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CString};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 type Launch = unsafe extern "C" fn(*const c_char, u32, u32, u32, u32, *mut *mut c_void) -> i32;
@@ -33,10 +34,7 @@ impl Emulator {
     /// The kernels built for heads of `head_dim`; `Err` when g++ is missing or fails.
     pub fn build(head_dim: usize) -> Result<Emulator, String> {
         let worker = crate::common::worker_dir();
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
-            "cuda-emulator-{head_dim}-{}.so",
-            std::process::id()
-        ));
+        let out = Self::library_path(head_dim);
         let status = std::process::Command::new("g++")
             .args(["-std=c++20", "-O2", "-fPIC", "-shared", "-pthread"])
             // The device's arithmetic: no multiply-add fused unless written as one.
@@ -68,6 +66,16 @@ impl Emulator {
             recording: Mutex::new(None),
             graphs: Mutex::new(Vec::new()),
         })
+    }
+
+    /// A file name no other build uses, in this process or another.
+    pub fn library_path(head_dim: usize) -> PathBuf {
+        static BUILDS: AtomicUsize = AtomicUsize::new(0);
+        let build = BUILDS.fetch_add(1, Ordering::Relaxed);
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+            "cuda-emulator-{head_dim}-{}-{build}.so",
+            std::process::id()
+        ))
     }
 
     fn allocated(&self) -> usize {
