@@ -359,14 +359,16 @@ async fn reports_need_the_token_and_a_known_replica() {
         .contains("kvgate_agent_reports_total{result=\"unauthorized\"} 3"));
 }
 
-/// Reported KV pressure or a long queue saturates a replica: its shared-prefix requests spill
-/// to another replica and come back once it recovers.
+/// Reported KV pressure saturates a replica: its prefix loses its stickiness, yet the prompt
+/// it holds still goes there while no other replica would serve it sooner. A long queue is a
+/// hard limit: its shared-prefix requests spill to another replica and come back once it
+/// recovers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kv_or_queue_pressure_spills_a_prefix_and_recovery_brings_it_back() {
+async fn kv_pressure_suspends_stickiness_and_a_long_queue_spills_a_prefix_until_recovery() {
     let (a, b) = (Worker::start(&[]).await, Worker::start(&[]).await);
     let token = token_file(a.port);
-    // Long thresholds: these hand-made reports must stay fresh for the whole test. The hard
-    // limits at 90 % of KV and 16 queued (the defaults, 100 % and 256, are past these reports).
+    // Long thresholds: these hand-made reports must stay fresh for the whole test. The limits
+    // at 90 % of KV and 16 queued (the defaults, 100 % and 256, are past these reports).
     let yaml = format!(
         "agents:\n  token_file: \"{}\"\n  stale_after_ms: 60000\n  exclude_after_ms: 120000\npolicy:\n  kv_saturation: 0.9\n  queue_saturation: 16\n",
         token.display()
@@ -393,16 +395,31 @@ async fn kv_or_queue_pressure_spills_a_prefix_and_recovery_brings_it_back() {
     assert_eq!(settled(&gw, &ask(1)).await.replica.unwrap(), home);
     let (home_w, other_w) = if home == a.id() { (&a, &b) } else { (&b, &a) };
 
-    for (used, waiting, what) in [(95, 0, "KV 95 % used"), (10, 20, "20 queued")] {
-        let r = report_for(home_w, used, waiting);
-        assert_eq!(report(&gw.admin(), Some(&bearer), &r).await.0, 200);
-        let spilled = settled(&gw, &ask(2)).await.replica.unwrap();
-        assert_eq!(spilled, other_w.id(), "{what}: the prefix spills");
-        let r = report_for(home_w, 10, 0);
-        assert_eq!(report(&gw.admin(), Some(&bearer), &r).await.0, 200);
-        let back = settled(&gw, &ask(3)).await.replica.unwrap();
-        assert_eq!(back, home, "{what}: recovered, the prefix returns");
-    }
+    let r = report_for(home_w, 95, 0);
+    assert_eq!(report(&gw.admin(), Some(&bearer), &r).await.0, 200);
+    let explained = client()
+        .post(format!("{}/admin/explain", gw.admin()))
+        .json(&ask(2))
+        .send()
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap();
+    let top = &explained["candidates"][0];
+    assert_eq!(top["replica"], home.as_str(), "KV 95 % used: {explained:#}");
+    assert_eq!(top["score"]["saturated"], true, "{explained:#}");
+    assert_eq!(top["score"]["signals"]["prefix"], 0.0, "{explained:#}");
+    assert_eq!(settled(&gw, &ask(2)).await.replica.unwrap(), home);
+
+    let r = report_for(home_w, 10, 20);
+    assert_eq!(report(&gw.admin(), Some(&bearer), &r).await.0, 200);
+    let spilled = settled(&gw, &ask(3)).await.replica.unwrap();
+    assert_eq!(spilled, other_w.id(), "20 queued: the prefix spills");
+    let r = report_for(home_w, 10, 0);
+    assert_eq!(report(&gw.admin(), Some(&bearer), &r).await.0, 200);
+    let back = settled(&gw, &ask(4)).await.replica.unwrap();
+    assert_eq!(back, home, "recovered, the prefix returns");
 }
 
 /// A request naming a LoRA adapter goes where it is resident; one naming an adapter resident

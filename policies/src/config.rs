@@ -51,9 +51,11 @@ pub struct PolicyConfig {
     /// Sessions remembered at most (idle ones are forgotten first).
     pub session_capacity: usize,
     /// A replica whose agent reports this fraction of its KV blocks in use is saturated: prefix
-    /// and session stickiness yield, as they do to the load bound.
+    /// and session stickiness yield, as they do to the load bound (the prefill signal still
+    /// counts what it holds).
     pub kv_saturation: f64,
-    /// ... and so is one whose agent reports this many requests queued.
+    /// A replica whose agent reports this many requests queued is at a hard limit: the prefill
+    /// signal yields too.
     pub queue_saturation: u32,
     /// The prefill signal counts each prompt token a replica would compute although another
     /// candidate holds it this many times more: recomputing a held prefix delays everything

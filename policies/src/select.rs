@@ -27,9 +27,9 @@ pub struct Candidate {
     /// (`u64::MAX` off the ring): the tie-breaker, so that every gateway replica breaks ties
     /// alike.
     pub ring_distance: u64,
-    /// At or over its load cap (or a hard limit: the imbalance guard, its own
-    /// `max_in_flight`, KV or queue limit): prefix and session stickiness are suspended (the
-    /// prefill signal only at a hard limit).
+    /// At or over its load cap or its agent's reported KV saturation (or a hard limit: the
+    /// imbalance guard, its own `max_in_flight`, its queue limit): prefix and session
+    /// stickiness are suspended (the prefill signal only at a hard limit).
     pub saturated: bool,
     /// Its bounded-load cap for this request: the decision's `load_bound`, raised by
     /// `cached_load_bonus` where it holds more of the prompt than the others.
@@ -74,10 +74,11 @@ impl Candidate {
 struct Limits {
     /// Its bounded-load cap.
     cap: u32,
-    /// At its cap or a hard limit: prefix and session stickiness yield.
+    /// At its cap, its reported KV saturation or a hard limit: prefix and session stickiness
+    /// yield.
     saturated: bool,
-    /// At a hard limit (the imbalance guard, its `max_in_flight`, its agent's reported KV or
-    /// queue saturation): the prefill signal yields too.
+    /// At a hard limit (the imbalance guard, its `max_in_flight`, its agent's reported queue
+    /// saturation): the prefill signal yields too.
     full: bool,
 }
 
@@ -355,12 +356,15 @@ impl Policy {
             .map(|r| {
                 let full = r.in_flight >= caps.guard()
                     || r.max_in_flight.is_some_and(|m| r.in_flight >= m)
-                    || r.kv_usage.is_some_and(|u| u >= c.kv_saturation)
                     || r.waiting >= c.queue_saturation;
+                // Not a hard limit: a full cache frees blocks as its requests finish, while a
+                // spill recomputes the prompt and evicts another's blocks where it lands, so the
+                // prefill signal still counts what the replica holds.
+                let kv_full = r.kv_usage.is_some_and(|u| u >= c.kv_saturation);
                 let cap = caps.of(r);
                 Limits {
                     cap,
-                    saturated: full || r.in_flight >= cap,
+                    saturated: full || kv_full || r.in_flight >= cap,
                     full,
                 }
             })

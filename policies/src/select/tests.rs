@@ -414,6 +414,29 @@ fn the_recompute_penalty_keeps_a_holder_past_a_backlog_longer_than_the_prompt() 
 }
 
 #[test]
+fn a_holder_with_a_full_cache_keeps_its_prompt_but_not_its_stickiness() {
+    let mut p = policy_with(2, PolicyConfig::default());
+    let f = RequestFeatures {
+        prompt_tokens: 2_000,
+        ..features(7, &[1, 2, 3, 4])
+    };
+    let home = place_on_idle(&mut p, &f);
+    let mut fleet = view(&[4, 0]);
+    // Every block of its cache in use: it frees some as its requests finish, while the other
+    // replica would compute the whole prompt again.
+    fleet[home.0 as usize].kv_usage = Some(1.0);
+    let d = p.select(&f, FleetView { replicas: &fleet });
+    assert_eq!(d.ranked[0].replica, home);
+    assert!(d.ranked[0].saturated);
+    assert_eq!(d.ranked[0].signals[Signal::Prefix], 0.0);
+    assert_eq!(d.ranked[0].signals[Signal::Prefill], 1.0);
+    // A queue at its limit is a hard one: the prompt goes elsewhere.
+    fleet[home.0 as usize].waiting = PolicyConfig::default().queue_saturation;
+    let d = p.select(&f, FleetView { replicas: &fleet });
+    assert_ne!(d.ranked[0].replica, home);
+}
+
+#[test]
 fn unhealthy_replicas_are_filtered_and_an_empty_fleet_ranks_nothing() {
     let p = policy(2);
     let mut fleet = view(&[0, 0]);
