@@ -3,7 +3,7 @@
 //! where its requests go, with that router's own state.
 
 use crate::lookahead;
-use crate::peers::{CacheAware, ConsistentHash, Dynamo, Llmd};
+use crate::peers::{random_draw, CacheAware, ConsistentHash, Dynamo, Llmd};
 use crate::routers::{Router, Routes, Turn};
 use kvgate_bench::Job;
 use kvgate_policies::{Ask, FleetState, ReplicaId, ReplicaSpec, ReportAges, RequestFeatures};
@@ -117,7 +117,7 @@ impl Gateway {
             Routing::LeastLoad => {
                 let load = &self.in_flight;
                 (0..n)
-                    .map(|k| (id as usize + k) % n)
+                    .map(|k| (self.sent + k) % n)
                     .min_by_key(|&r| load[r])
                     .unwrap_or(0)
             }
@@ -146,10 +146,10 @@ impl Gateway {
                         )
                     })
                     .unzip();
-                llmd.choose(&blocks(), &waiting, &kv, id as usize)
+                llmd.choose(&blocks(), &waiting, &kv, random_draw(id))
             }
             Routing::Dynamo(dynamo) => {
-                dynamo.route(id, &blocks(), request.prompt.len(), now_ms, id as usize)
+                dynamo.route(id, &blocks(), request.prompt.len(), now_ms, random_draw(id))
             }
             Routing::SoonestFirstToken => lookahead::choose(&first_tokens(), id as usize),
             Routing::Replay(routes) => routes

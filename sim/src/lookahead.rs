@@ -34,10 +34,11 @@ pub fn first_token_seconds(
     None
 }
 
-/// The replica whose first token comes soonest (ties: the first from `start`).
+/// The replica whose first token comes soonest (ties: the `start`-th of the tied, modulo
+/// their number).
 pub fn choose(seconds: &[Option<f64>], start: usize) -> usize {
     let at = |r: usize| seconds[r].unwrap_or(f64::INFINITY);
-    crate::peers::best_from(seconds.len(), start, at, true)
+    crate::peers::best_of(seconds.len(), start as u64, at, true)
 }
 
 #[cfg(test)]

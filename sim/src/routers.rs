@@ -57,7 +57,7 @@ pub enum Router {
     /// Each gateway sends to the replicas in turn.
     RoundRobin,
     /// Each gateway sends to the replica with the fewest of its requests in flight (ties in
-    /// turn).
+    /// its own turn).
     LeastLoad,
     /// SGLang router's `cache_aware` ([`crate::peers::CacheAware`]), one tree per gateway.
     SglangCacheAware,

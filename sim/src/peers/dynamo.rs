@@ -1,6 +1,6 @@
 //! NVIDIA Dynamo's KV router.
 
-use super::best_from;
+use super::best_of;
 use kvgate_policies::{Applied, PreciseIndex, ReplicaId};
 use kvgate_protocol::telemetry::KvUpdate;
 use std::collections::HashMap;
@@ -66,14 +66,14 @@ impl Dynamo {
     }
 
     /// Routes request `id` (a prompt of `prompt_len` tokens with these full-block hashes) and
-    /// counts it active there; ties go to the first from `start`.
+    /// counts it active there; a tie goes to one of the tied by `draw` ([`best_of`]).
     pub fn route(
         &mut self,
         id: u64,
         blocks: &[u64],
         prompt_len: usize,
         now_ms: u64,
-        start: usize,
+        draw: u64,
     ) -> usize {
         let mut held = vec![0.0; self.workers.len()];
         self.index.overlaps(blocks, now_ms, &mut held);
@@ -87,7 +87,7 @@ impl Dynamo {
             let decode = worker.decode_blocks(blocks, loose, bs) as f64;
             self.overlap_weight * prefill + decode
         };
-        let w = best_from(self.workers.len(), start, cost, true);
+        let w = best_of(self.workers.len(), draw, cost, true);
         let active = Active {
             worker: w,
             blocks: blocks.to_vec(),

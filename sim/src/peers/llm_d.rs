@@ -1,6 +1,6 @@
 //! llm-d's inference scheduler with its default scorers.
 
-use super::{best_from, RoutedPrefixes};
+use super::{best_of, RoutedPrefixes};
 
 /// llm-d's default scheduling profile (its inference-scheduling guide, on the Gateway API
 /// Inference Extension's plugins): each worker scores
@@ -34,13 +34,13 @@ impl Llmd {
     }
 
     /// The worker for a prompt of `blocks` (chained hashes), given each worker's reported
-    /// waiting requests and KV use; ties go to the first from `start`.
+    /// waiting requests and KV use; a tie goes to one of the tied by `draw` ([`best_of`]).
     pub fn choose(
         &mut self,
         blocks: &[u64],
         waiting: &[u32],
         kv_usage: &[f64],
-        start: usize,
+        draw: u64,
     ) -> usize {
         let matched = self.sent.matched(blocks);
         let (min, max) = (
@@ -61,7 +61,7 @@ impl Llmd {
             let kv = 1.0 - kv_usage[w].clamp(0.0, 1.0);
             self.prefix_weight * prefix + self.queue_weight * queue + self.kv_weight * kv
         };
-        let worker = best_from(matched.len(), start, score, false);
+        let worker = best_of(matched.len(), draw, score, false);
         self.sent.insert(worker, blocks);
         worker
     }
@@ -75,7 +75,7 @@ mod tests {
     fn the_prefix_wins_until_queue_and_kv_outweigh_it() {
         let mut llmd = Llmd::new(3);
         let prompt: Vec<u64> = (1..=10).collect();
-        // Nothing known: a tie, broken from `start`.
+        // Nothing known: a tie, broken by the draw.
         assert_eq!(llmd.choose(&prompt, &[0, 0, 0], &[0.0; 3], 1), 1);
         // Worker 1 was sent the prompt: 3 for its prefix beats equal queues elsewhere.
         assert_eq!(llmd.choose(&prompt, &[0, 0, 0], &[0.0; 3], 0), 1);

@@ -78,22 +78,69 @@ pub(crate) fn first_min(values: impl Iterator<Item = impl Ord>) -> usize {
         .map_or(0, |(i, _)| i)
 }
 
-/// The index of the best of `n` scores (the lowest if `lower`, else the highest), ties broken
-/// by starting the scan at `start` (for routers that break ties at random: a rotating start
-/// keeps runs reproducible).
-pub(crate) fn best_from(
-    n: usize,
-    start: usize,
-    score: impl Fn(usize) -> f64,
-    lower: bool,
-) -> usize {
-    let mut best = start % n.max(1);
-    for k in 1..n {
-        let w = (start + k) % n;
-        let (a, b) = (score(w), score(best));
-        if (lower && a < b) || (!lower && a > b) {
-            best = w;
-        }
+/// The index of the best of `n` scores (the lowest if `lower`, else the highest); a tie goes
+/// to the `draw`-th of the tied, counted from the first, modulo their number. Routers that
+/// break ties at random pass a hash of the request ([`random_draw`]), so that runs stay
+/// reproducible.
+pub(crate) fn best_of(n: usize, draw: u64, score: impl Fn(usize) -> f64, lower: bool) -> usize {
+    let scores: Vec<f64> = (0..n).map(score).collect();
+    let better = |a: f64, b: f64| if lower { a < b } else { a > b };
+    let Some(best) = scores
+        .iter()
+        .copied()
+        .reduce(|b, a| if better(a, b) { a } else { b })
+    else {
+        return 0;
+    };
+    let tied = scores.iter().filter(|&&s| s == best).count() as u64;
+    let pick = (draw % tied.max(1)) as usize;
+    scores
+        .iter()
+        .enumerate()
+        .filter(|(_, &s)| s == best)
+        .nth(pick)
+        .map_or(0, |(i, _)| i)
+}
+
+/// A uniform draw for request `id`'s random tie-break: independent between requests, so that
+/// gateways routing side by side break their ties independently, as separate processes do.
+pub(crate) fn random_draw(id: u64) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(&id.to_le_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tie_goes_to_each_of_the_tied_in_turn_of_the_draw() {
+        let scores = [1.0, 3.0, 1.0, 3.0];
+        let lowest: Vec<usize> = (0..4).map(|d| best_of(4, d, |w| scores[w], true)).collect();
+        assert_eq!(lowest, [0, 2, 0, 2]);
+        let highest: Vec<usize> = (0..4)
+            .map(|d| best_of(4, d, |w| scores[w], false))
+            .collect();
+        assert_eq!(highest, [1, 3, 1, 3]);
+        // No tie: the draw does not matter.
+        assert_eq!(best_of(3, 7, |w| [2.0, 0.5, 1.0][w], true), 1);
+        assert_eq!(best_of(0, 7, |_| 0.0, true), 0);
     }
-    best
+
+    #[test]
+    fn random_draws_spread_a_tie_evenly_and_apart_from_the_request_order() {
+        let mut picked = [0u32; 4];
+        let mut in_turn = 0;
+        for id in 0..4_000u64 {
+            let w = best_of(4, random_draw(id), |_| 1.0, true);
+            picked[w] += 1;
+            in_turn += u32::from(w == id as usize % 4);
+        }
+        assert!(
+            picked.iter().all(|&n| (900..1_100).contains(&n)),
+            "{picked:?}"
+        );
+        // Not the request order's rotation (which gateways side by side would share): about a
+        // quarter land where a rotation would.
+        assert!((900..1_100).contains(&in_turn), "{in_turn}");
+    }
 }
