@@ -131,6 +131,10 @@ async fn groups_stay_where_their_blocks_are() {
         e["hot_group"].is_boolean(),
         "explain says whether the group is hot: {e:#}"
     );
+    assert_eq!(
+        e["tied"], 1,
+        "one replica holds the prompt: no tie to draw from: {e:#}"
+    );
     for c in e["candidates"].as_array().unwrap() {
         let prefix = c["score"]["signals"]["prefix"].as_f64().unwrap();
         if c["replica"] == home[0].as_str() {

@@ -76,6 +76,14 @@ pub struct PolicyConfig {
     /// it: other replicas then recompute it without `recompute_penalty`, a one-time cost for
     /// a lasting spread.
     pub hot_group_factor: f64,
+    /// Replicas whose totals are within this of the best, holding as much of the prompt as
+    /// the best and some of it, are a tie, and the request goes to one of them drawn at random
+    /// (`RequestFeatures::tie_draw`): differences this small come from reports up to an
+    /// interval old (KV use) or from the ring's order, which every gateway sees alike, so
+    /// gateways that share no decisions would otherwise all send to the same one. A prompt no
+    /// replica holds keeps the ring's order, so that gateways agree where a prefix goes. 0: the
+    /// best total always wins.
+    pub tie_margin: f64,
 }
 
 impl Default for PolicyConfig {
@@ -99,6 +107,7 @@ impl Default for PolicyConfig {
             traffic_bound: 0.0,
             traffic_half_life_ms: 10_000,
             hot_group_factor: 1.0,
+            tie_margin: 0.02,
         }
     }
 }
@@ -250,6 +259,14 @@ impl PolicyConfig {
             format!(
                 "must be a number between 0 and 1000, got {}",
                 self.hot_group_factor
+            ),
+        );
+        check(
+            (0.0..=100.0).contains(&self.tie_margin),
+            "tie_margin",
+            format!(
+                "must be a number between 0 and 100, got {}",
+                self.tie_margin
             ),
         );
         check(

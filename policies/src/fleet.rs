@@ -54,6 +54,9 @@ pub struct RequestFeatures {
     pub now_ms: u64,
     /// Weights for this request (its SLA class's); the policy's own when `None`.
     pub weights: Option<crate::Weights>,
+    /// A number drawn at random for this request: which of the replicas tied within
+    /// `tie_margin` it goes to (0 for the first in ring order).
+    pub tie_draw: u64,
 }
 
 impl RequestFeatures {

@@ -92,6 +92,9 @@ pub struct Decision {
     /// The prompt's group was hot (`hot_group_factor`): what every holder has of it counted
     /// as held everywhere, and no recompute penalty.
     pub hot_group: bool,
+    /// How many replicas were tied within `tie_margin` (the first of `ranked` was drawn from
+    /// them); 1 when none was, 0 with no candidate.
+    pub tied: u32,
 }
 
 /// The routing policy and the state it learns (prefix indexes, sessions, ring).
@@ -287,8 +290,8 @@ impl Policy {
 
     /// When the prompt's group brings more recent traffic than the replicas holding it can
     /// take at `hot_group_factor` times their fair share, the blocks every holder has of it:
-    /// recomputing those elsewhere is a one-time cost for a lasting spread, so the prefill
-    /// signal counts them as held everywhere and the recompute penalty is lifted.
+    /// recomputing those elsewhere is a one-time cost for a lasting spread, so the prefill and
+    /// prefix signals count them as held everywhere and the recompute penalty is lifted.
     fn hot_group(
         &self,
         features: &RequestFeatures,
@@ -443,10 +446,11 @@ impl Policy {
                 } = limits[i];
                 let held = matched[r.id.0 as usize];
                 let mut signals = BySignal::default();
+                // A hot group's shared blocks count as held everywhere here too.
                 signals[Signal::Prefix] = if is_saturated {
                     0.0
                 } else {
-                    held / blocks.max(1) as f64
+                    held.max(shared) / blocks.max(1) as f64
                 };
                 signals[Signal::Ring] = if owner == Some(r.id) { 1.0 } else { 0.0 };
                 signals[Signal::Load] = 1.0
@@ -482,12 +486,17 @@ impl Policy {
                 }
             })
             .collect();
-        // Only the first `top` need ordering: a partial selection, then a sort of those.
-        let order = |a: &Candidate, b: &Candidate| {
+        let by_total = |a: &Candidate, b: &Candidate| {
             b.total
                 .total_cmp(&a.total)
                 .then(a.ring_distance.cmp(&b.ring_distance))
                 .then(a.replica.cmp(&b.replica))
+        };
+        let (drawn, tied) = draw_tie(&ranked, by_total, c.tie_margin, features.tie_draw);
+        // Only the first `top` need ordering: a partial selection, then a sort of those.
+        let order = |a: &Candidate, b: &Candidate| {
+            let first = |x: &Candidate| Some(x.replica) == drawn;
+            first(b).cmp(&first(a)).then(by_total(a, b))
         };
         if top < ranked.len() {
             if top > 0 {
@@ -500,8 +509,36 @@ impl Policy {
             ranked,
             load_bound,
             hot_group: hot.is_some(),
+            tied,
         }
     }
+}
+
+/// The replica drawn from a tie, and how many were tied: those within `margin` of the best
+/// total (by `order`) that hold at least as much of the prompt as the best, when it holds some;
+/// the `draw`-th of them in `order`, modulo their number. `(None, 1)` when there is no tie.
+fn draw_tie(
+    candidates: &[Candidate],
+    order: impl Fn(&Candidate, &Candidate) -> std::cmp::Ordering,
+    margin: f64,
+    draw: u64,
+) -> (Option<ReplicaId>, u32) {
+    let Some(best) = candidates.iter().min_by(|a, b| order(a, b)) else {
+        return (None, 0);
+    };
+    if margin <= 0.0 || best.prefix_blocks <= 0.0 {
+        return (None, 1);
+    }
+    let mut tied: Vec<&Candidate> = candidates
+        .iter()
+        .filter(|c| c.total >= best.total - margin && c.prefix_blocks >= best.prefix_blocks)
+        .collect();
+    if tied.len() < 2 {
+        return (None, 1);
+    }
+    tied.sort_unstable_by(|a, b| order(a, b));
+    let pick = tied[(draw % tied.len() as u64) as usize];
+    (Some(pick.replica), tied.len() as u32)
 }
 
 #[cfg(test)]

@@ -218,6 +218,8 @@ fn explain(gateway: &Gateway, body: &[u8]) -> (u16, Vec<u8>) {
         tokenizers: &snap.tokenizers,
         session_header: None,
         now_ms: gateway.now_ms(),
+        // The first in ring order of a tie (a routed request draws one of them: `tied`).
+        tie_draw: 0,
     };
     let result = request::parse(endpoint, body, &cx).and_then(|mut routed| {
         // As a request of the default class would be routed.

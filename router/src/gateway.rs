@@ -57,6 +57,8 @@ pub struct Gateway {
     pub outbox: crate::peers::Outbox,
     /// This gateway process as its peers know it.
     pub peer_id: u64,
+    /// Requests given a tie draw (see [`Gateway::tie_draw`]).
+    draws: AtomicU64,
 }
 
 /// A routing outcome: the replicas to try in order, the first already counted in flight.
@@ -124,6 +126,7 @@ impl Gateway {
             certificate,
             outbox: Default::default(),
             peer_id: crate::peers::new_peer_id(),
+            draws: AtomicU64::new(0),
         };
         gateway.sync_fleet_members();
         Ok(gateway)
@@ -375,6 +378,13 @@ impl Gateway {
 
     /// Ranks the replicas for a request on `model` and sends it to the top one: counted in
     /// flight there before the fleet state is unlocked, so concurrent decisions see each other.
+    /// A request's draw for a tie within `tie_margin` (`RequestFeatures::tie_draw`): a count
+    /// hashed with this process's id, so that gateways beside each other draw apart.
+    pub fn tie_draw(&self) -> u64 {
+        let n = self.draws.fetch_add(1, Ordering::Relaxed);
+        xxhash_rust::xxh3::xxh3_64_with_seed(&n.to_le_bytes(), self.peer_id)
+    }
+
     pub fn route(
         &self,
         snap: &Snapshot,
@@ -513,7 +523,7 @@ impl Gateway {
             .map(|c| serde_json::json!({ "replica": name(c.replica), "score": c, "held_blocks": held(c.replica) }))
             .collect();
         Ok(
-            serde_json::json!({ "model": model, "load_bound": decision.load_bound, "hot_group": decision.hot_group, "candidates": candidates }),
+            serde_json::json!({ "model": model, "load_bound": decision.load_bound, "hot_group": decision.hot_group, "tied": decision.tied, "candidates": candidates }),
         )
     }
 }

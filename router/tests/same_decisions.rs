@@ -97,3 +97,24 @@ fn the_gateway_and_a_bare_fleet_state_rank_alike() {
         }
     }
 }
+
+/// A routed request's draw for a tie (`tie_margin`) is its own, and a second gateway process
+/// draws apart from the first: gateways sharing no decisions break their ties independently.
+#[test]
+fn each_request_and_each_gateway_draws_its_own_tie_break() {
+    let config = kvgate_router::config::parse_str(
+        "listen: \"127.0.0.1:1\"\nreplicas:\n  - url: \"http://127.0.0.1:9100\"\n",
+    )
+    .unwrap();
+    let (a, b) = (
+        Gateway::new(config.clone(), None).unwrap(),
+        Gateway::new(config, None).unwrap(),
+    );
+    let from_a: Vec<u64> = (0..1_000).map(|_| a.tie_draw()).collect();
+    let from_b: Vec<u64> = (0..1_000).map(|_| b.tie_draw()).collect();
+    let distinct: std::collections::BTreeSet<u64> = from_a.iter().chain(&from_b).copied().collect();
+    assert_eq!(distinct.len(), 2_000);
+    // Uniform enough that a tie of two splits about evenly.
+    let odd = from_a.iter().filter(|d| *d % 2 == 1).count();
+    assert!((400..600).contains(&odd), "{odd}");
+}

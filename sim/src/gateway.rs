@@ -178,6 +178,7 @@ impl Gateway {
             policy.ring_key_chunks,
         );
         features.now_ms = now_ms;
+        features.tie_draw = random_draw(request.id);
         features.session = request
             .job
             .session

@@ -20,6 +20,8 @@ pub const NAMES: [&str; 9] = [
 ];
 
 /// What a run routes by: one router, or the oracle's search over runs ([`crate::oracle`]).
+// A run holds a handful of these: their size does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Policy {
     Route(Router),

@@ -7,6 +7,7 @@ use proptest::prelude::*;
 
 mod hot_group;
 mod saturation;
+mod ties;
 
 /// The bounded-load policy these tests exercise: caps over the mean load with a bonus for
 /// holders, the imbalance guard, bounded traffic, the ring's vote and the hard limits (the
@@ -146,8 +147,10 @@ fn cold_prefix_goes_to_the_ring_owner_and_warm_prefix_sticks() {
 
 #[test]
 fn bounded_traffic_moves_the_cold_owner_but_not_a_holder() {
+    // The group's traffic below would make it hot, and a hot group spreads (its own rule).
     let config = PolicyConfig {
         traffic_bound: 1.0,
+        hot_group_factor: 1000.0,
         ..bounded_load()
     };
     let mut p = policy_with(4, config);

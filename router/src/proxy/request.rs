@@ -23,6 +23,8 @@ pub struct ParseContext<'a> {
     pub session_header: Option<&'a [u8]>,
     /// The gateway's clock.
     pub now_ms: u64,
+    /// The request's draw for a tie (`RequestFeatures::tie_draw`).
+    pub tie_draw: u64,
 }
 
 /// Token mode for models with a tokenizer (the prompt's ids hashed into blocks as the worker
@@ -65,6 +67,7 @@ pub fn parse_within(
             ring_key: session.unwrap_or(features.ring_key),
             session,
             now_ms: cx.now_ms,
+            tie_draw: cx.tie_draw,
             ..features
         },
         max_output_tokens: request.max_output_tokens(),
@@ -158,6 +161,7 @@ mod tests {
             tokenizers: &TokenModes::new(),
             session_header: None,
             now_ms: 0,
+            tie_draw: 0,
         };
         parse(endpoint, body.as_bytes(), &cx).unwrap_err()
     }
@@ -197,6 +201,7 @@ mod tests {
                 tokenizers: &TokenModes::new(),
                 session_header: session.map(str::as_bytes),
                 now_ms: 0,
+                tie_draw: 0,
             };
             let parsed = parse(Endpoint::Chat, body(q).as_bytes(), &cx);
             parsed.map(|r| r.features.ring_key).unwrap_or_default()

@@ -50,6 +50,32 @@ fn a_hot_group_spreads_past_its_holders_and_a_cold_one_stays() {
 }
 
 #[test]
+fn a_hot_groups_blocks_count_as_held_in_the_prefix_signal_too() {
+    let f = prompt(1_000);
+    for (requests, hot) in [(3, false), (200, true)] {
+        let mut p = policy_with(4, PolicyConfig::default());
+        for i in 0..requests {
+            p.record(ReplicaId(i % 3), &f);
+        }
+        let d = p.select(
+            &f,
+            FleetView {
+                replicas: &view(&[1, 1, 1, 1]),
+            },
+        );
+        assert_eq!(d.hot_group, hot);
+        let prefix = |r: u32| {
+            let c = d.ranked.iter().find(|c| c.replica == ReplicaId(r)).unwrap();
+            c.signals[Signal::Prefix]
+        };
+        // Stickiness to the holders would keep the fourth replica out of a group worth
+        // spreading (with gateways that each see a share of its traffic, for good).
+        assert_eq!(prefix(3) == prefix(0), hot, "{requests}");
+        assert!(prefix(0) > 0.0);
+    }
+}
+
+#[test]
 fn a_sessions_history_moves_without_the_recompute_penalty() {
     let f = prompt(1_000);
     for (session, stays) in [(None, true), (Some(42), false)] {
