@@ -376,8 +376,6 @@ impl Gateway {
             .set_replicas(snap.replicas.iter().map(|r| (r.slot, r.spec())).collect());
     }
 
-    /// Ranks the replicas for a request on `model` and sends it to the top one: counted in
-    /// flight there before the fleet state is unlocked, so concurrent decisions see each other.
     /// A request's draw for a tie within `tie_margin` (`RequestFeatures::tie_draw`): a count
     /// hashed with this process's id, so that gateways beside each other draw apart.
     pub fn tie_draw(&self) -> u64 {
@@ -385,6 +383,8 @@ impl Gateway {
         xxhash_rust::xxh3::xxh3_64_with_seed(&n.to_le_bytes(), self.peer_id)
     }
 
+    /// Ranks the replicas for a request on `model` and sends it to the top one: counted in
+    /// flight there before the fleet state is unlocked, so concurrent decisions see each other.
     pub fn route(
         &self,
         snap: &Snapshot,
