@@ -82,7 +82,10 @@ async fn a_shared_prefix_sticks_to_one_replica_until_it_is_saturated() {
         Worker::start(&[]).await,
     );
     let workers = [&a, &b, &c];
-    let gw = Gateway::start(&[&a, &b, &c], &format!("policy:\n{BOUNDED_LOAD}")).await;
+    // The bounded-load caps alone: with the hot-group rule, one prompt that all traffic shares
+    // counts as held everywhere after a dozen requests and follows the traffic-bounded ring.
+    let policy = format!("policy:\n{BOUNDED_LOAD}  hot_group_factor: 1000\n");
+    let gw = Gateway::start(&[&a, &b, &c], &policy).await;
     let client = client();
 
     // One at a time: the owner is never over the load bound, so every request sticks.
