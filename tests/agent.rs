@@ -361,8 +361,8 @@ async fn reports_need_the_token_and_a_known_replica() {
 
 /// Reported KV pressure saturates a replica: its prefix loses its stickiness, yet the prompt
 /// it holds still goes there while no other replica would serve it sooner. A long queue is a
-/// hard limit: its shared-prefix requests spill to another replica and come back once it
-/// recovers.
+/// hard limit: its shared-prefix requests spill to another replica, and once it recovers it
+/// is a holder like the other again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kv_pressure_suspends_stickiness_and_a_long_queue_spills_a_prefix_until_recovery() {
     let (a, b) = (Worker::start(&[]).await, Worker::start(&[]).await);
@@ -418,8 +418,22 @@ async fn kv_pressure_suspends_stickiness_and_a_long_queue_spills_a_prefix_until_
     assert_eq!(spilled, other_w.id(), "20 queued: the prefix spills");
     let r = report_for(home_w, 10, 0);
     assert_eq!(report(&gw.admin(), Some(&bearer), &r).await.0, 200);
-    let back = settled(&gw, &ask(4)).await.replica.unwrap();
-    assert_eq!(back, home, "recovered, the prefix returns");
+    // Recovered: the home is below its limits again and holds the prompt as the other now
+    // does (the spill copied it there), a tie that a routed request draws from and explain
+    // shows in ring order.
+    let explained = client()
+        .post(format!("{}/admin/explain", gw.admin()))
+        .json(&ask(4))
+        .send()
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap();
+    let top = &explained["candidates"][0];
+    assert_eq!(top["replica"], home.as_str(), "recovered: {explained:#}");
+    assert_eq!(top["score"]["saturated"], false, "{explained:#}");
+    assert_eq!(explained["tied"], 2, "both hold the prompt: {explained:#}");
 }
 
 /// A request naming a LoRA adapter goes where it is resident; one naming an adapter resident
