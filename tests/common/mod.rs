@@ -61,12 +61,23 @@ impl Drop for Proc {
     }
 }
 
+/// A port free now and never handed out before in this test process: the system may give the
+/// same free port twice, and a gateway started on two equal ports would answer its admin API on
+/// its proxy listener (or another test's process would take the port first).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if !handed_out.contains(&port) {
+            handed_out.push(port);
+            return port;
+        }
+    }
 }
 
 /// `n` consecutive free ports (for commands that number their ports from a first one); tries
