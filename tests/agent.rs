@@ -37,14 +37,7 @@ fn token_mode_yaml() -> String {
 }
 
 async fn explain_chat(gw: &Gateway, text: &str) -> serde_json::Value {
-    let r = client()
-        .post(format!("{}/admin/explain", gw.admin()))
-        .json(&chat(text, false))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    r.json().await.unwrap()
+    gw.explain(&chat(text, false)).await
 }
 
 /// Polls the explain API until the top candidate's prefix signal for a chat satisfies `check`.
@@ -397,15 +390,7 @@ async fn kv_pressure_suspends_stickiness_and_a_long_queue_spills_a_prefix_until_
 
     let r = report_for(home_w, 95, 0);
     assert_eq!(report(&gw.admin(), Some(&bearer), &r).await.0, 200);
-    let explained = client()
-        .post(format!("{}/admin/explain", gw.admin()))
-        .json(&ask(2))
-        .send()
-        .await
-        .unwrap()
-        .json::<serde_json::Value>()
-        .await
-        .unwrap();
+    let explained = gw.explain(&ask(2)).await;
     let top = &explained["candidates"][0];
     assert_eq!(top["replica"], home.as_str(), "KV 95 % used: {explained:#}");
     assert_eq!(top["score"]["saturated"], true, "{explained:#}");
@@ -421,15 +406,7 @@ async fn kv_pressure_suspends_stickiness_and_a_long_queue_spills_a_prefix_until_
     // Recovered: the home is below its limits again and holds the prompt as the other now
     // does (the spill copied it there), a tie that a routed request draws from and explain
     // shows in ring order.
-    let explained = client()
-        .post(format!("{}/admin/explain", gw.admin()))
-        .json(&ask(4))
-        .send()
-        .await
-        .unwrap()
-        .json::<serde_json::Value>()
-        .await
-        .unwrap();
+    let explained = gw.explain(&ask(4)).await;
     let top = &explained["candidates"][0];
     assert_eq!(top["replica"], home.as_str(), "recovered: {explained:#}");
     assert_eq!(top["score"]["saturated"], false, "{explained:#}");

@@ -69,17 +69,6 @@ async fn settled(gw: &Gateway, body: &serde_json::Value) -> String {
     a.replica.unwrap()
 }
 
-async fn explain(gw: &Gateway, body: &serde_json::Value) -> serde_json::Value {
-    let r = client()
-        .post(format!("{}/admin/explain", gw.admin()))
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    r.json().await.unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn groups_stay_where_their_blocks_are() {
     let mut workers = Vec::new();
@@ -126,7 +115,7 @@ async fn groups_stay_where_their_blocks_are() {
     );
 
     // A new question of group 0: its home holds the system prompt's blocks, by events alone.
-    let e = explain(&gw, &ask(0, 99, 4)).await;
+    let e = gw.explain(&ask(0, 99, 4)).await;
     assert!(
         e["hot_group"].is_boolean(),
         "explain says whether the group is hot: {e:#}"

@@ -322,6 +322,18 @@ impl Gateway {
         format!("http://127.0.0.1:{}", self.admin_port)
     }
 
+    /// How the gateway would route `body` (`POST /admin/explain`), which must answer 200.
+    pub async fn explain(&self, body: &serde_json::Value) -> serde_json::Value {
+        let r = client()
+            .post(format!("{}/admin/explain", self.admin()))
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.json().await.unwrap()
+    }
+
     pub async fn replicas(&self) -> Vec<serde_json::Value> {
         let v = get_json(&format!("{}/admin/replicas", self.admin())).await;
         v["replicas"].as_array().unwrap().clone()
