@@ -317,12 +317,17 @@ impl Policy {
         if holders == 0 {
             return None;
         }
-        let fair = (self.traffic.total(features.now_ms, half_life) + 1.0) / f64::from(healthy);
-        // More than the holders' share by more than a Poisson count's noise (three standard
-        // deviations): a few early requests of one group are not a trend.
-        let share = c.hot_group_factor * f64::from(holders) * fair;
+        // The holders' part of the traffic, and the group's count out of `n` requests.
+        let part = c.hot_group_factor * f64::from(holders) / f64::from(healthy);
+        let n = self.traffic.total(features.now_ms, half_life) + 1.0;
+        let share = part * n;
         let count = self.groups.of(group, features.now_ms, half_life);
-        (count > share + 3.0 * share.sqrt() + 1.0).then_some(least)
+        // More than their share by more than the count's noise, three standard deviations of
+        // a binomial count (of n requests, each of the group with chance `part`): a few early
+        // requests of one group are not a trend, but a group that is nearly all the traffic
+        // shows it soon.
+        let noise = 3.0 * (share * (1.0 - part).max(0.0)).sqrt();
+        (count > share + noise + 1.0).then_some(least)
     }
 
     /// Whether a replica carries at most `traffic_bound` times its share of the fleet's

@@ -50,6 +50,23 @@ fn a_hot_group_spreads_past_its_holders_and_a_cold_one_stays() {
 }
 
 #[test]
+fn a_group_that_is_all_the_traffic_is_hot_within_a_few_dozen_requests() {
+    // Three of four replicas hold it, so it is hot past three quarters of the traffic. A
+    // count of requests out of `n` is binomial: when it is all of them, its noise is a
+    // fraction of a Poisson count's (which would take some 130 requests here).
+    let f = prompt(1_000);
+    for (requests, hot) in [(30, false), (50, true)] {
+        let mut p = policy_with(4, PolicyConfig::default());
+        for i in 0..requests {
+            p.record(ReplicaId(i % 3), &f);
+        }
+        let fleet = view(&[1, 1, 1, 1]);
+        let d = p.select(&f, FleetView { replicas: &fleet });
+        assert_eq!(d.hot_group, hot, "{requests}");
+    }
+}
+
+#[test]
 fn a_hot_groups_blocks_count_as_held_in_the_prefix_signal_too() {
     let f = prompt(1_000);
     for (requests, hot) in [(3, false), (200, true)] {
