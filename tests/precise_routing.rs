@@ -132,6 +132,23 @@ async fn groups_stay_where_their_blocks_are() {
             assert_eq!(prefix, 0.0, "no other replica does: {e:#}");
         }
     }
+    assert_eq!(e["opens_session"], false, "no session: {e:#}");
+    // The same question opening a session (`user`): it will return where it lands, so what
+    // the group's holder has counts as held everywhere.
+    let mut opening = ask(0, 99, 4);
+    opening["user"] = "a-new-session".into();
+    let e = gw.explain(&opening).await;
+    assert_eq!(e["opens_session"], true, "{e:#}");
+    let prefixes: Vec<f64> = e["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["score"]["signals"]["prefix"].as_f64().unwrap())
+        .collect();
+    assert!(
+        prefixes.iter().all(|&p| p > 0.8 && p == prefixes[0]),
+        "every replica counts the holder's blocks: {e:#}"
+    );
 
     let (mut hits, mut total) = (0, 0);
     for round in 1..=ROUNDS {

@@ -92,6 +92,9 @@ pub struct Decision {
     /// The prompt's group was hot (`hot_group_factor`): what every holder has of it counted
     /// as held everywhere, and no recompute penalty.
     pub hot_group: bool,
+    /// The request opened a session (none bound yet): what every holder of its group has
+    /// counted as held everywhere, as for a hot group.
+    pub opens_session: bool,
     /// How many replicas were tied within `tie_margin` (the first of `ranked` was drawn from
     /// them); 1 when none was, 0 with no candidate.
     pub tied: u32,
@@ -288,20 +291,15 @@ impl Policy {
         Some((key, n))
     }
 
-    /// When the prompt's group brings more recent traffic than the replicas holding it can
-    /// take at `hot_group_factor` times their fair share, the blocks every holder has of it:
-    /// recomputing those elsewhere is a one-time cost for a lasting spread, so the prefill and
-    /// prefix signals count them as held everywhere and the recompute penalty is lifted.
-    fn hot_group(
+    /// The replicas holding the prompt's group (its key), out of the healthy ones, and the
+    /// least any of them holds of the prompt: what all of them have. `None` when none holds it.
+    fn group_holders(
         &self,
         features: &RequestFeatures,
         matched: &[f64],
         fleet: FleetView<'_>,
-    ) -> Option<f64> {
+    ) -> Option<GroupHolders> {
         let (group, n) = self.group(features)?;
-        let c = &self.config;
-        let half_life = c.traffic_half_life_ms;
-        // The healthy replicas, those holding the group's key, and the least any of those holds.
         let (healthy, holders, least) = fleet
             .replicas
             .iter()
@@ -314,20 +312,32 @@ impl Policy {
                     (h + 1, n_held, least)
                 }
             });
-        if holders == 0 {
-            return None;
-        }
+        (holders > 0).then_some(GroupHolders {
+            group,
+            holders,
+            healthy,
+            least,
+        })
+    }
+
+    /// Whether the group brings more recent traffic than its holders can take at
+    /// `hot_group_factor` times their fair share. Recomputing what they all hold elsewhere is
+    /// then a one-time cost for a lasting spread, so the prefill and prefix signals count it
+    /// as held everywhere and the recompute penalty is lifted.
+    fn is_hot(&self, g: &GroupHolders, now_ms: u64) -> bool {
+        let c = &self.config;
+        let half_life = c.traffic_half_life_ms;
         // The holders' part of the traffic, and the group's count out of `n` requests.
-        let part = c.hot_group_factor * f64::from(holders) / f64::from(healthy);
-        let n = self.traffic.total(features.now_ms, half_life) + 1.0;
+        let part = c.hot_group_factor * f64::from(g.holders) / f64::from(g.healthy);
+        let n = self.traffic.total(now_ms, half_life) + 1.0;
         let share = part * n;
-        let count = self.groups.of(group, features.now_ms, half_life);
+        let count = self.groups.of(g.group, now_ms, half_life);
         // More than their share by more than the count's noise, three standard deviations of
         // a binomial count (of n requests, each of the group with chance `part`): a few early
         // requests of one group are not a trend, but a group that is nearly all the traffic
         // shows it soon.
         let noise = 3.0 * (share * (1.0 - part).max(0.0)).sqrt();
-        (count > share + noise + 1.0).then_some(least)
+        count > share + noise + 1.0
     }
 
     /// Whether a replica carries at most `traffic_bound` times its share of the fleet's
@@ -386,14 +396,26 @@ impl Policy {
             .filter(|(r, l)| r.healthy && !l.full)
             .map(|(r, _)| matched[r.id.0 as usize])
             .fold(0.0, f64::max);
-        let hot = self.hot_group(features, &matched, fleet);
+        let group = self.group_holders(features, &matched, fleet);
+        let hot = group
+            .as_ref()
+            .is_some_and(|g| self.is_hot(g, features.now_ms));
+        let session_home = features
+            .session
+            .and_then(|s| self.sessions.get(s, features.now_ms, c.session_ttl_ms));
         // A session's own history serves only its next turn: moving it costs that turn alone.
-        let penalty = if hot.is_some() || features.session.is_some() {
+        let penalty = if hot || features.session.is_some() {
             0.0
         } else {
             c.recompute_penalty
         };
-        let shared = hot.unwrap_or(0.0);
+        // A session's first request places every turn to come, where its own history will be
+        // worth more than a copy of what its group's holders have: like a hot group's, that
+        // counts as held everywhere.
+        let opens_session = features.session.is_some() && session_home.is_none();
+        let shared = group
+            .filter(|_| hot || opens_session)
+            .map_or(0.0, |g| g.least);
         let prompt = PromptWork::new(features.prompt_tokens, blocks)
             .with_recompute_penalty(most_held, penalty);
         let least_work = fleet
@@ -435,9 +457,6 @@ impl Policy {
         };
 
         let w = features.weights.as_ref().unwrap_or(&c.weights);
-        let session_home = features
-            .session
-            .and_then(|s| self.sessions.get(s, features.now_ms, c.session_ttl_ms));
         let mut ranked: Vec<Candidate> = fleet
             .replicas
             .iter()
@@ -513,10 +532,19 @@ impl Policy {
         Decision {
             ranked,
             load_bound,
-            hot_group: hot.is_some(),
+            hot_group: hot,
+            opens_session,
             tied,
         }
     }
+}
+
+/// The replicas holding a prompt's group: see [`Policy::group_holders`].
+struct GroupHolders {
+    group: u64,
+    holders: u32,
+    healthy: u32,
+    least: f64,
 }
 
 /// The replica drawn from a tie, and how many were tied: those within `margin` of the best

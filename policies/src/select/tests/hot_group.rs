@@ -112,6 +112,38 @@ fn a_sessions_history_moves_without_the_recompute_penalty() {
     }
 }
 
+#[test]
+fn a_sessions_first_request_counts_what_its_groups_holders_have_as_held_everywhere() {
+    let f = prompt(1_000);
+    let mut p = policy_with(4, PolicyConfig::default());
+    p.record(ReplicaId(0), &f);
+    // The holder has 600 tokens queued: less than the prompt, more than nothing.
+    let fleet = held_by_first(600, 4);
+    let view = FleetView { replicas: &fleet };
+    let plain = p.select(&f, view);
+    assert_eq!(plain.ranked[0].replica, ReplicaId(0));
+    assert!(!plain.opens_session && !plain.hot_group);
+
+    // Opening a session places every turn to come: an idle replica, where the group's blocks
+    // count as held as they do at the holder.
+    let opening = RequestFeatures {
+        session: Some(42),
+        ..f.clone()
+    };
+    let d = p.select(&opening, view);
+    assert!(d.opens_session && !d.hot_group, "{d:?}");
+    assert_ne!(d.ranked[0].replica, ReplicaId(0), "{d:?}");
+    assert!(d.ranked.iter().all(|c| c.signals[Signal::Prefix] == 1.0));
+    // The explain still says what the new replica computes.
+    assert_eq!(d.ranked[0].prefill_tokens, 1_000);
+
+    // Once bound, the session's next request goes home and opens nothing.
+    p.record_choice(&d.ranked[0], &opening);
+    let next = p.select(&opening, view);
+    assert_eq!(next.ranked[0].replica, d.ranked[0].replica);
+    assert!(!next.opens_session);
+}
+
 proptest! {
     /// A group that is not hot stays with its holder while the backlog there is shorter than
     /// the prompt's recompute counted `1 + recompute_penalty` times, and spills past that.
