@@ -106,7 +106,7 @@ async fn request_ids_models_and_explain() {
         .find(|r| r["id"] == replica.as_str())
         .unwrap();
     for signal in [
-        "prefix", "ring", "load", "prefill", "fresh", "session", "kv", "adapter",
+        "prefix", "ring", "load", "prefill", "fresh", "session", "kv", "adapter", "spread",
     ] {
         assert!(
             route.contains(&format!(";{signal}=")),

@@ -130,6 +130,7 @@ impl Default for Weights {
             (Signal::Session, 5.0),
             (Signal::Kv, 1.0),
             (Signal::Adapter, 4.0),
+            (Signal::Spread, 4.0),
         ] {
             w[s] = v;
         }

@@ -110,6 +110,8 @@ pub struct Policy {
     sessions: SessionTable,
     traffic: RecentTraffic,
     groups: GroupTraffic,
+    /// The blocks of new groups' first requests, per replica: where groups were placed.
+    placed: RecentTraffic,
     members: Vec<(ReplicaId, String)>,
     /// Gateways routing to this fleet, this one included (see [`Policy::set_gateways`]).
     gateways: u32,
@@ -126,6 +128,7 @@ impl Policy {
             sessions: SessionTable::default(),
             traffic: RecentTraffic::default(),
             groups: GroupTraffic::new(GROUPS_COUNTED),
+            placed: RecentTraffic::default(),
             members: Vec::new(),
             gateways: 1,
         }
@@ -166,6 +169,7 @@ impl Policy {
                 self.sessions.forget_replica(*old);
                 let half_life = self.config.traffic_half_life_ms;
                 self.traffic.clear(old.0 as usize, half_life);
+                self.placed.clear(old.0 as usize, half_life);
             }
         }
         self.members = members
@@ -208,6 +212,18 @@ impl Policy {
         self.traffic
             .add(replica.0 as usize, features.now_ms, half_life);
         if let Some((group, _)) = self.group(features) {
+            if self.is_new(group, features.now_ms) {
+                let blocks = features
+                    .block_hashes
+                    .len()
+                    .max(features.prefix_chunks.len());
+                self.placed.add_n(
+                    replica.0 as usize,
+                    blocks as f64,
+                    features.now_ms,
+                    half_life,
+                );
+            }
             self.groups.add(group, features.now_ms, half_life);
         }
         if features.block_hashes.is_empty() {
@@ -340,6 +356,38 @@ impl Policy {
         count > share + noise + 1.0
     }
 
+    /// Whether no request of `group` was routed recently (its decayed count is under half a
+    /// request).
+    fn is_new(&self, group: u64, now_ms: u64) -> bool {
+        self.groups
+            .of(group, now_ms, self.config.traffic_half_life_ms)
+            < 0.5
+    }
+
+    /// For a prompt of a new group that no replica holds any of (`cold`), the spread signal
+    /// of each replica: the blocks of new groups it placed recently against its fair share.
+    fn spread(
+        &self,
+        features: &RequestFeatures,
+        cold: bool,
+        healthy: u32,
+    ) -> impl Fn(ReplicaId) -> f64 + '_ {
+        let now = features.now_ms;
+        let half_life = self.config.traffic_half_life_ms;
+        let counted = cold
+            && self
+                .group(features)
+                .is_none_or(|(g, _)| self.is_new(g, now));
+        let fair = (self.placed.total(now, half_life) + 1.0) / f64::from(healthy.max(1));
+        move |id| {
+            if counted {
+                (1.0 - self.placed.of(id.0 as usize, now, half_life) / (2.0 * fair)).max(0.0)
+            } else {
+                0.0
+            }
+        }
+    }
+
     /// Whether a replica carries at most `traffic_bound` times its share of the fleet's
     /// recent traffic (every one does while the bound is off).
     fn within_traffic(&self, now_ms: u64, healthy: u32) -> impl Fn(ReplicaId) -> bool + '_ {
@@ -457,6 +505,7 @@ impl Policy {
         };
 
         let w = features.weights.as_ref().unwrap_or(&c.weights);
+        let spread = self.spread(features, most_held <= 0.0, load.healthy);
         let mut ranked: Vec<Candidate> = fleet
             .replicas
             .iter()
@@ -496,6 +545,8 @@ impl Policy {
                 };
                 signals[Signal::Kv] = 1.0 - r.kv_usage.unwrap_or(0.0).clamp(0.0, 1.0);
                 signals[Signal::Adapter] = r.adapter_fit;
+                // Like stickiness, placement yields to saturation.
+                signals[Signal::Spread] = if is_saturated { 0.0 } else { spread(r.id) };
                 Candidate {
                     replica: r.id,
                     total: signals.weighted(&w.0),

@@ -28,10 +28,15 @@ pub enum Signal {
     Kv,
     /// Adapter residency: 1 resident, 0.5 a free slot, 0 neither.
     Adapter,
+    /// For a prompt of a new group that no replica holds any of: 1 for a replica that placed
+    /// no new group's blocks recently, 0.5 for one that placed its fair share, 0 for twice
+    /// that or more, or when saturated (0 for every replica when the prompt is not such a
+    /// one). Groups recur: where the first request lands, the rest follow.
+    Spread,
 }
 
 impl Signal {
-    pub const COUNT: usize = 8;
+    pub const COUNT: usize = 9;
     pub const ALL: [Signal; Signal::COUNT] = [
         Signal::Prefix,
         Signal::Ring,
@@ -41,6 +46,7 @@ impl Signal {
         Signal::Session,
         Signal::Kv,
         Signal::Adapter,
+        Signal::Spread,
     ];
 
     /// Its name in the config, explain output and headers.
@@ -54,6 +60,7 @@ impl Signal {
             Signal::Session => "session",
             Signal::Kv => "kv",
             Signal::Adapter => "adapter",
+            Signal::Spread => "spread",
         }
     }
 

@@ -47,11 +47,16 @@ impl Decayed {
 impl RecentTraffic {
     /// Counts one request routed to `slot` at `now_ms`.
     pub fn add(&mut self, slot: usize, now_ms: u64, half_life_ms: u64) {
+        self.add_n(slot, 1.0, now_ms, half_life_ms);
+    }
+
+    /// Counts `n` (blocks, say) at `slot` at `now_ms`.
+    pub fn add_n(&mut self, slot: usize, n: f64, now_ms: u64, half_life_ms: u64) {
         if self.slots.len() <= slot {
             self.slots.resize(slot + 1, Decayed::default());
         }
-        self.slots[slot].add(1.0, now_ms, half_life_ms);
-        self.total.add(1.0, now_ms, half_life_ms);
+        self.slots[slot].add(n, now_ms, half_life_ms);
+        self.total.add(n, now_ms, half_life_ms);
     }
 
     /// The sum of every slot's count at `now_ms`.

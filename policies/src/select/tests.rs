@@ -7,6 +7,7 @@ use proptest::prelude::*;
 
 mod hot_group;
 mod saturation;
+mod spread;
 mod ties;
 
 /// The bounded-load policy these tests exercise: caps over the mean load with a bonus for
