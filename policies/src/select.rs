@@ -294,100 +294,6 @@ impl Policy {
         }
     }
 
-    /// The prompt's prefix group: the hash of its first `ring_key_chunks` blocks (or chunks),
-    /// and how many that is; `None` for a prompt shorter than one.
-    fn group(&self, features: &RequestFeatures) -> Option<(u64, usize)> {
-        let leading = if features.block_hashes.is_empty() {
-            &features.prefix_chunks
-        } else {
-            &features.block_hashes
-        };
-        let n = leading.len().min(self.config.ring_key_chunks.max(1));
-        let key = *leading.get(n.checked_sub(1)?)?;
-        Some((key, n))
-    }
-
-    /// The replicas holding the prompt's group (its key), out of the healthy ones, and the
-    /// least any of them holds of the prompt: what all of them have. `None` when none holds it.
-    fn group_holders(
-        &self,
-        features: &RequestFeatures,
-        matched: &[f64],
-        fleet: FleetView<'_>,
-    ) -> Option<GroupHolders> {
-        let (group, n) = self.group(features)?;
-        let (healthy, holders, least) = fleet
-            .replicas
-            .iter()
-            .filter(|r| r.healthy)
-            .map(|r| matched[r.id.0 as usize])
-            .fold((0u32, 0u32, f64::INFINITY), |(h, n_held, least), m| {
-                if m >= n as f64 {
-                    (h + 1, n_held + 1, least.min(m))
-                } else {
-                    (h + 1, n_held, least)
-                }
-            });
-        (holders > 0).then_some(GroupHolders {
-            group,
-            holders,
-            healthy,
-            least,
-        })
-    }
-
-    /// Whether the group brings more recent traffic than its holders can take at
-    /// `hot_group_factor` times their fair share. Recomputing what they all hold elsewhere is
-    /// then a one-time cost for a lasting spread, so the prefill and prefix signals count it
-    /// as held everywhere and the recompute penalty is lifted.
-    fn is_hot(&self, g: &GroupHolders, now_ms: u64) -> bool {
-        let c = &self.config;
-        let half_life = c.traffic_half_life_ms;
-        // The holders' part of the traffic, and the group's count out of `n` requests.
-        let part = c.hot_group_factor * f64::from(g.holders) / f64::from(g.healthy);
-        let n = self.traffic.total(now_ms, half_life) + 1.0;
-        let share = part * n;
-        let count = self.groups.of(g.group, now_ms, half_life);
-        // More than their share by more than the count's noise, three standard deviations of
-        // a binomial count (of n requests, each of the group with chance `part`): a few early
-        // requests of one group are not a trend, but a group that is nearly all the traffic
-        // shows it soon.
-        let noise = 3.0 * (share * (1.0 - part).max(0.0)).sqrt();
-        count > share + noise + 1.0
-    }
-
-    /// Whether no request of `group` was routed recently (its decayed count is under half a
-    /// request).
-    fn is_new(&self, group: u64, now_ms: u64) -> bool {
-        self.groups
-            .of(group, now_ms, self.config.traffic_half_life_ms)
-            < 0.5
-    }
-
-    /// For a prompt of a new group that no replica holds any of (`cold`), the spread signal
-    /// of each replica: the blocks of new groups it placed recently against its fair share.
-    fn spread(
-        &self,
-        features: &RequestFeatures,
-        cold: bool,
-        healthy: u32,
-    ) -> impl Fn(ReplicaId) -> f64 + '_ {
-        let now = features.now_ms;
-        let half_life = self.config.traffic_half_life_ms;
-        let counted = cold
-            && self
-                .group(features)
-                .is_none_or(|(g, _)| self.is_new(g, now));
-        let fair = (self.placed.total(now, half_life) + 1.0) / f64::from(healthy.max(1));
-        move |id| {
-            if counted {
-                (1.0 - self.placed.of(id.0 as usize, now, half_life) / (2.0 * fair)).max(0.0)
-            } else {
-                0.0
-            }
-        }
-    }
-
     /// Whether a replica carries at most `traffic_bound` times its share of the fleet's
     /// recent traffic (every one does while the bound is off).
     fn within_traffic(&self, now_ms: u64, healthy: u32) -> impl Fn(ReplicaId) -> bool + '_ {
@@ -590,14 +496,6 @@ impl Policy {
     }
 }
 
-/// The replicas holding a prompt's group: see [`Policy::group_holders`].
-struct GroupHolders {
-    group: u64,
-    holders: u32,
-    healthy: u32,
-    least: f64,
-}
-
 /// The replica drawn from a tie, and how many were tied: those within `margin` of the best
 /// total (by `order`) that hold at least as much of the prompt as the best, when it holds some;
 /// the `draw`-th of them in `order`, modulo their number. `(None, 1)` when there is no tie.
@@ -624,6 +522,8 @@ fn draw_tie(
     let pick = tied[(draw % tied.len() as u64) as usize];
     (Some(pick.replica), tied.len() as u32)
 }
+
+mod groups;
 
 #[cfg(test)]
 mod tests;
