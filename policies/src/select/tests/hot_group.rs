@@ -164,7 +164,7 @@ proptest! {
     }
 
     /// Two gateways told the same decisions (their own, or a peer's) rank alike: the group
-    /// counts are a function of those decisions and the clock alone.
+    /// counts and the placements are a function of those decisions and the clock alone.
     #[test]
     fn gateways_told_the_same_decisions_rank_alike(
         sent in prop::collection::vec((0u32..4, 0u64..3), 1..200),
@@ -184,7 +184,8 @@ proptest! {
         for (r, &backlog) in fleet.iter_mut().zip(&backlogs) {
             r.prefill_backlog = backlog;
         }
-        for g in 0..3 {
+        // Groups 0-2 were sent; 9 is new (the spread signal counts placements).
+        for g in [0, 1, 2, 9] {
             let f = RequestFeatures { now_ms: sent.len() as u64 * 10, ..group(g) };
             let view = FleetView { replicas: &fleet };
             prop_assert_eq!(a.select(&f, view), b.select(&f, view));
