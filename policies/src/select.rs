@@ -212,7 +212,8 @@ impl Policy {
         self.traffic
             .add(replica.0 as usize, features.now_ms, half_life);
         if let Some((group, _)) = self.group(features) {
-            if self.is_new(group, features.now_ms) {
+            let before = self.groups.add(group, features.now_ms, half_life);
+            if groups::counts_as_new(before) {
                 let blocks = features
                     .block_hashes
                     .len()
@@ -224,7 +225,6 @@ impl Policy {
                     half_life,
                 );
             }
-            self.groups.add(group, features.now_ms, half_life);
         }
         if features.block_hashes.is_empty() {
             self.prefix.insert(replica, &features.prefix_chunks);

@@ -90,15 +90,15 @@ impl GroupTraffic {
         }
     }
 
-    /// Counts one request of `group` at `now_ms`.
-    pub fn add(&mut self, group: u64, now_ms: u64, half_life_ms: u64) {
+    /// Counts one request of `group` at `now_ms`; returns its decayed count before this one.
+    pub fn add(&mut self, group: u64, now_ms: u64, half_life_ms: u64) -> f64 {
         if let Some(gone) = self.recent.insert(group) {
             self.counts.remove(&gone);
         }
-        self.counts
-            .entry(group)
-            .or_default()
-            .add(1.0, now_ms, half_life_ms);
+        let count = self.counts.entry(group).or_default();
+        let before = count.at(now_ms, half_life_ms);
+        count.add(1.0, now_ms, half_life_ms);
+        before
     }
 
     /// The decayed count of `group` at `now_ms` (0 for one not counted).
@@ -144,8 +144,8 @@ mod tests {
     #[test]
     fn group_counts_decay_and_the_least_recently_routed_is_forgotten() {
         let mut g = GroupTraffic::new(2);
-        g.add(1, 0, 1_000);
-        g.add(1, 0, 1_000);
+        assert_eq!(g.add(1, 0, 1_000), 0.0);
+        assert_eq!(g.add(1, 0, 1_000), 1.0, "the count before this request");
         g.add(2, 0, 1_000);
         assert_eq!(g.of(1, 0, 1_000), 2.0);
         assert!((g.of(1, 1_000, 1_000) - 1.0).abs() < 1e-12);

@@ -67,12 +67,12 @@ impl Policy {
         count > share + noise + 1.0
     }
 
-    /// Whether no request of `group` was routed recently (its decayed count is under half a
-    /// request).
+    /// Whether no request of `group` was routed recently (see [`counts_as_new`]).
     pub(super) fn is_new(&self, group: u64, now_ms: u64) -> bool {
-        self.groups
-            .of(group, now_ms, self.config.traffic_half_life_ms)
-            < 0.5
+        counts_as_new(
+            self.groups
+                .of(group, now_ms, self.config.traffic_half_life_ms),
+        )
     }
 
     /// For a prompt of a new group that no replica holds any of (`cold`), the spread signal
@@ -98,6 +98,11 @@ impl Policy {
             }
         }
     }
+}
+
+/// Whether a group with this decayed count of recent requests is new: under half a request.
+pub(super) fn counts_as_new(count: f64) -> bool {
+    count < 0.5
 }
 
 /// The replicas holding a prompt's group: see `Policy::group_holders`.
