@@ -2,9 +2,11 @@
 //! free loopback ports and talks HTTP to them.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::net::TcpListener;
+mod process;
+
+pub use process::*;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 pub const MODEL: &str = "test-model";
@@ -20,108 +22,6 @@ pub const BOUNDED_LOAD: &str = "  weights: {prefix: 3.0, ring: 1.0}
   recompute_penalty: 0
 ";
 
-/// A child process killed when dropped.
-pub struct Proc {
-    pub child: Child,
-    pub name: String,
-    /// Where its stderr goes.
-    pub log: std::path::PathBuf,
-}
-
-impl Proc {
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// Waits for it to exit (30 s at most).
-    pub fn exits(&mut self) -> std::process::ExitStatus {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "{} did not exit", self.name);
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    pub fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .args([&format!("-{signal}"), &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill -{signal} {}", self.name);
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// A port free now and never handed out before in this test process: the system may give the
-/// same free port twice, and a gateway started on two equal ports would answer its admin API on
-/// its proxy listener (or another test's process would take the port first).
-pub fn free_port() -> u16 {
-    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
-    loop {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        if !handed_out.contains(&port) {
-            handed_out.push(port);
-            return port;
-        }
-    }
-}
-
-/// `n` consecutive free ports (for commands that number their ports from a first one); tries
-/// again where a neighbour is taken.
-pub fn free_ports(n: u16) -> u16 {
-    (0..100)
-        .map(|_| free_port())
-        .find(|&first| {
-            first.checked_add(n).is_some()
-                && (1..n).all(|i| TcpListener::bind(("127.0.0.1", first + i)).is_ok())
-        })
-        .expect("no run of free ports found in 100 tries")
-}
-
-/// The `kvgate` binary, run from the repository root (where the default model and the
-/// profiles are).
-pub fn kvgate() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvgate"));
-    cmd.current_dir(env!("CARGO_MANIFEST_DIR"));
-    cmd
-}
-
-pub fn spawn(mut cmd: Command, name: &str) -> Proc {
-    let log = std::env::temp_dir().join(format!("kvgate-test-{name}-{}.log", std::process::id()));
-    let file = std::fs::File::create(&log).unwrap();
-    cmd.stdout(Stdio::null())
-        .stderr(file)
-        .env("KVGATE_LOG", "info,pingora_core=warn");
-    Proc {
-        child: cmd.spawn().unwrap(),
-        name: name.to_string(),
-        log,
-    }
-}
-
-/// Starts `kvgate ARGS EXTRA` and waits until its `/health` on `port` answers.
-async fn start_server(args: &[&str], extra: &[&str], name: &str, port: u16) -> Proc {
-    let mut cmd = kvgate();
-    cmd.args(args).args(extra);
-    let proc = spawn(cmd, name);
-    wait_ok(&format!("http://127.0.0.1:{port}/health")).await;
-    proc
-}
-
 /// A test worker on a free port.
 pub struct Worker {
     pub proc: Proc,
@@ -130,19 +30,24 @@ pub struct Worker {
 
 impl Worker {
     pub async fn start(extra: &[&str]) -> Worker {
-        Self::start_on(free_port(), extra).await
+        let (proc, port) = start_on_free_port("worker", |port| Self::command(port, extra)).await;
+        Worker { proc, port }
     }
 
+    /// A worker on `port`, which must be free.
     pub async fn start_on(port: u16, extra: &[&str]) -> Worker {
-        let args = [
-            "fault-worker",
-            "--port",
-            &port.to_string(),
-            "--id",
-            &format!("w{port}"),
-        ];
-        let proc = start_server(&args, extra, &format!("worker-{port}"), port).await;
+        let mut proc = spawn(Self::command(port, extra), &format!("worker-{port}"));
+        let health = format!("http://127.0.0.1:{port}/health");
+        proc.wait_healthy(&health).await.expect("port taken");
         Worker { proc, port }
+    }
+
+    fn command(port: u16, extra: &[&str]) -> Command {
+        let mut cmd = kvgate();
+        cmd.args(["fault-worker", "--port", &port.to_string()])
+            .args(["--id", &format!("w{port}")])
+            .args(extra);
+        cmd
     }
 
     pub fn url(&self) -> String {
@@ -189,17 +94,14 @@ impl SimWorker {
     }
 
     async fn start_backend(backend: &str, extra: &[&str]) -> SimWorker {
-        let port = free_port();
-        let args = [
-            "worker",
-            "--backend",
-            backend,
-            "--port",
-            &port.to_string(),
-            "--served-model-name",
-            MODEL,
-        ];
-        let proc = start_server(&args, extra, &format!("{backend}-{port}"), port).await;
+        let (proc, port) = start_on_free_port(backend, |port| {
+            let mut cmd = kvgate();
+            cmd.args(["worker", "--backend", backend, "--port", &port.to_string()])
+                .args(["--served-model-name", MODEL])
+                .args(extra);
+            cmd
+        })
+        .await;
         SimWorker { proc, port }
     }
 
@@ -255,9 +157,17 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Starts a gateway over `workers`; `extra` is appended to the YAML (top-level keys).
+    /// Starts a gateway over `workers` on free ports; `extra` is appended to the YAML
+    /// (top-level keys).
     pub async fn start(workers: &[&dyn Upstream], extra: &str) -> Gateway {
-        Self::start_at(free_port(), free_port(), workers, extra).await
+        for _ in 0..5 {
+            let (port, admin_port) = (free_port(), free_port());
+            let yaml = Self::yaml(port, admin_port, workers, extra);
+            if let Ok(gw) = Self::launch(port, admin_port, yaml).await {
+                return gw;
+            }
+        }
+        panic!("five pairs of free ports in a row were taken before the gateway could listen");
     }
 
     /// [`Gateway::start`] on the given client and admin ports.
@@ -267,33 +177,36 @@ impl Gateway {
         workers: &[&dyn Upstream],
         extra: &str,
     ) -> Gateway {
-        Self::start_config(
-            port,
-            admin_port,
-            Self::yaml(port, admin_port, workers, extra),
-        )
-        .await
+        let yaml = Self::yaml(port, admin_port, workers, extra);
+        Self::start_config(port, admin_port, yaml).await
     }
 
     /// A gateway on `yaml` as written (listening on `port`, its admin API on `admin_port`).
     pub async fn start_config(port: u16, admin_port: u16, yaml: String) -> Gateway {
+        let taken = "a port of the gateway's was taken";
+        Self::launch(port, admin_port, yaml).await.expect(taken)
+    }
+
+    async fn launch(port: u16, admin_port: u16, yaml: String) -> Result<Gateway, PortTaken> {
         let config = std::env::temp_dir().join(format!("kvgate-test-{port}.yaml"));
         std::fs::write(&config, yaml).unwrap();
         let mut cmd = kvgate();
         cmd.args(["gateway", "--config", config.to_str().unwrap()]);
-        let proc = spawn(cmd, &format!("gateway-{port}"));
+        let mut proc = spawn(cmd, &format!("gateway-{port}"));
+        // Each listener is its own service, ready in its own time.
+        proc.wait_healthy(&format!("http://127.0.0.1:{port}/health"))
+            .await?;
+        proc.wait_healthy(&format!("http://127.0.0.1:{admin_port}/health"))
+            .await?;
         let gw = Gateway {
             proc,
             port,
             admin_port,
             config,
         };
-        // Each listener is its own service, ready in its own time.
-        wait_ok(&format!("{}/health", gw.url())).await;
-        wait_ok(&format!("{}/health", gw.admin())).await;
         gw.wait_until(|replicas| replicas.iter().all(|r| r["models"].is_array()))
             .await;
-        gw
+        Ok(gw)
     }
 
     pub fn yaml(port: u16, admin_port: u16, workers: &[&dyn Upstream], extra: &str) -> String {
@@ -406,23 +319,6 @@ pub async fn get_json(url: &str) -> serde_json::Value {
         .json()
         .await
         .unwrap()
-}
-
-pub async fn wait_ok(url: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let c = reqwest::Client::builder()
-        .timeout(Duration::from_millis(500))
-        .build()
-        .unwrap();
-    while Instant::now() < deadline {
-        if let Ok(r) = c.get(url).send().await {
-            if r.status().is_success() {
-                return;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("{url} never became healthy");
 }
 
 pub fn chat(content: &str, stream: bool) -> serde_json::Value {

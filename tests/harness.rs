@@ -1,0 +1,50 @@
+//! The end-to-end harness itself: a free port can be taken by another process between the
+//! moment a test picks it and the moment its server listens (an ephemeral port of someone's
+//! outgoing connection or listener); such a start is tried again, not waited on until it fails.
+
+mod common;
+
+use common::*;
+use std::net::TcpListener;
+use std::sync::Mutex;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_whose_port_was_taken_starts_again_on_another() {
+    let taken: Mutex<Option<TcpListener>> = Mutex::new(None);
+    let (proc, port) = start_on_free_port("worker", |port| {
+        let mut first = taken.lock().unwrap();
+        if first.is_none() {
+            *first = Some(TcpListener::bind(("127.0.0.1", port)).unwrap());
+        }
+        let mut cmd = kvgate();
+        cmd.args(["fault-worker", "--port", &port.to_string()]);
+        cmd
+    })
+    .await;
+    let held = taken
+        .lock()
+        .unwrap()
+        .as_ref()
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    assert_ne!(port, held.port(), "started on the port it could not take");
+    wait_ok(&format!("http://127.0.0.1:{port}/health")).await;
+    drop(proc);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[should_panic(expected = "exited (exit status: 2) before")]
+async fn a_server_that_exits_for_another_reason_fails_the_test_with_its_log() {
+    start_on_free_port("worker", |port| {
+        let mut cmd = kvgate();
+        cmd.args([
+            "fault-worker",
+            "--port",
+            &port.to_string(),
+            "--no-such-flag",
+        ]);
+        cmd
+    })
+    .await;
+}
