@@ -135,13 +135,14 @@ async fn an_agent_supervises_its_worker_and_the_gateway_follows() {
     .unwrap();
     let mut cmd = kvgate();
     cmd.args(["gateway", "--config", config.to_str().unwrap()]);
-    let gw = Gateway {
+    let mut gw = Gateway {
         proc: spawn(cmd, &format!("gateway-{port}")),
         port,
         admin_port,
         config,
     };
-    wait_ok(&format!("{}/health", gw.url())).await;
+    let health = format!("{}/health", gw.url());
+    gw.proc.wait_healthy(&health).await.expect("port taken");
 
     let worker_url = format!("http://127.0.0.1:{worker_port}");
     let mut cmd = kvgate();

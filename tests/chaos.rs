@@ -201,7 +201,7 @@ impl AgentFleet {
         std::fs::write(&config, Gateway::yaml(port, admin_port, &upstreams, &yaml)).unwrap();
         let mut cmd = kvgate();
         cmd.args(["gateway", "--config", config.to_str().unwrap()]);
-        let gw = Gateway {
+        let mut gw = Gateway {
             proc: spawn(cmd, &format!("chaos-gateway-{port}")),
             port,
             admin_port,
@@ -222,7 +222,8 @@ impl AgentFleet {
                 spawn(cmd, &format!("chaos-agent-{}", w.id()))
             })
             .collect();
-        wait_ok(&format!("{}/health", gw.url())).await;
+        let health = format!("{}/health", gw.url());
+        gw.proc.wait_healthy(&health).await.expect("port taken");
         gw.wait_until(|rs| {
             rs.iter()
                 .all(|r| r["available"] == true && r["freshness"] == "fresh")
