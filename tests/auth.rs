@@ -211,6 +211,32 @@ async fn a_tenant_over_its_limits_gets_429_with_retry_after() {
     }
 }
 
+/// A client that waits for each answer never meets its own earlier request's slot: the slot
+/// is free by the time the answer's last byte arrives (each request on a new connection, so
+/// none waits for the gateway to finish with the one before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_one_at_a_time_never_meets_its_own_last_request() {
+    let w = Worker::start(&[]).await;
+    let extra = format!(
+        "tenants:\n  one: {{api_keys: [\"{}\"], max_concurrent: 1}}\n",
+        hash_key("sk-one")
+    );
+    let gw = Gateway::start(&[&w], &extra).await;
+    for i in 0..200 {
+        let stream = i % 2 == 1;
+        let r = client()
+            .post(format!("{}/v1/completions", gw.url()))
+            .bearer_auth("sk-one")
+            .json(&completion("hi", stream))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let body = r.text().await.unwrap();
+        assert_eq!(status, 200, "request {i} (stream: {stream}): {body}");
+    }
+}
+
 #[test]
 fn keys_in_clear_are_refused_with_a_pointer_to_tenants() {
     let config = secret_file(

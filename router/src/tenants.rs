@@ -7,7 +7,7 @@ use kvgate_protocol::telemetry::token_matches;
 use kvgate_protocol::{ApiError, ErrorKind};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -57,14 +57,26 @@ struct Bucket {
     at: Instant,
 }
 
-/// A request admitted for a tenant: counted in flight until dropped.
+/// A request admitted for a tenant: counted in flight until released or dropped.
 pub struct Lease {
     state: Arc<State>,
+    released: AtomicBool,
+}
+
+impl Lease {
+    /// Ends the request's count in flight, once: called as its answer's last bytes go out, so
+    /// that a client who waits for each answer never meets its own last request (the
+    /// gateway's own work after the answer is no longer the client's).
+    pub fn release(&self) {
+        if !self.released.swap(true, Ordering::AcqRel) {
+            self.state.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.state.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.release();
     }
 }
 
@@ -98,6 +110,7 @@ impl Tenant {
         let in_flight = self.state.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
         let lease = Lease {
             state: Arc::clone(&self.state),
+            released: AtomicBool::new(false),
         };
         if let Some(cap) = self.max_concurrent.filter(|&cap| in_flight > cap) {
             return Err(Refusal {
@@ -283,6 +296,22 @@ mod tests {
         drop(a);
         assert!(acme.admit(10, now).is_ok());
         assert_eq!(acme.in_flight(), 1, "leases are released when dropped");
+    }
+
+    #[test]
+    fn a_lease_released_early_is_not_released_again_when_dropped() {
+        let t = tenants(Some(2), None);
+        let acme = t.authenticate(Some(b"Bearer sk-good")).unwrap();
+        let now = Instant::now();
+        let (a, b) = (acme.admit(10, now).ok(), acme.admit(10, now).ok());
+        let a = a.unwrap();
+        a.release();
+        a.release();
+        assert_eq!(acme.in_flight(), 1);
+        drop(a);
+        assert_eq!(acme.in_flight(), 1, "b is still in flight");
+        drop(b);
+        assert_eq!(acme.in_flight(), 0);
     }
 
     #[test]

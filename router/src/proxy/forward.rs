@@ -11,6 +11,7 @@ use super::respond;
 use crate::gateway::{Gateway, Route, Snapshot};
 use crate::in_flight::InFlight;
 use crate::replica::Replica;
+use crate::tenants::Lease;
 use bytes::Bytes;
 use kvgate_policies::{Candidate, FailureOutcome, RequestFeatures};
 use kvgate_protocol::openai::Endpoint;
@@ -55,6 +56,8 @@ pub struct Forward<'a> {
     pub request_id: &'a str,
     pub started: Instant,
     pub debug: bool,
+    /// The tenant's count of this request in flight, released as the answer ends.
+    pub tenant_slot: Option<&'a Lease>,
 }
 
 enum Attempt {
@@ -100,10 +103,19 @@ impl Forward<'_> {
             }
         }
         self.count(route_label, last_error.status(), "none");
+        self.answered();
         if respond::send_error(client, &last_error, self.request_id).await {
             Outcome::Complete
         } else {
             Outcome::Close
+        }
+    }
+
+    /// The answer's last bytes are about to go out: what follows (the upstream connection's
+    /// reuse, metrics) is the gateway's, not the client's, request.
+    fn answered(&self) {
+        if let Some(slot) = self.tenant_slot {
+            slot.release();
         }
     }
 
@@ -488,12 +500,17 @@ impl Forward<'_> {
                         }
                         (chunk, None) => chunk,
                     };
+                    // A body of known length ends with its last bytes, before `finish_body`.
+                    if matches!(next, Some(Ok(None))) || upstream.response_done() {
+                        self.answered();
+                    }
                     if client.write_response_body(chunk, false).await.is_err() {
                         self.gateway.metrics.client_disconnects.inc();
                         return Outcome::Close;
                     }
                 }
                 Ok(None) => {
+                    self.answered();
                     if answer_ok && !end.is_whole() {
                         self.failed(replica, "garbled");
                         tracing::warn!(replica = %replica.name, "replica's answer did not end as a whole answer does");

@@ -260,8 +260,8 @@ impl ProxyApp {
                 }
             }
         };
-        // Held until the response ends: the tenant's request in flight.
-        let _lease = match &tenant {
+        // Held until the answer ends: the tenant's request in flight.
+        let lease = match &tenant {
             None => None,
             Some(t) => match self.admit_tenant(t, &routed) {
                 Ok(lease) => Some(lease),
@@ -344,6 +344,7 @@ impl ProxyApp {
             request_id,
             started,
             debug,
+            tenant_slot: lease.as_ref(),
         };
         forward.run(session, route).await
     }
