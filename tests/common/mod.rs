@@ -160,14 +160,12 @@ impl Gateway {
     /// Starts a gateway over `workers` on free ports; `extra` is appended to the YAML
     /// (top-level keys).
     pub async fn start(workers: &[&dyn Upstream], extra: &str) -> Gateway {
-        for _ in 0..5 {
+        on_free_ports("gateway", async || {
             let (port, admin_port) = (free_port(), free_port());
             let yaml = Self::yaml(port, admin_port, workers, extra);
-            if let Ok(gw) = Self::launch(port, admin_port, yaml).await {
-                return gw;
-            }
-        }
-        panic!("five pairs of free ports in a row were taken before the gateway could listen");
+            Self::launch(port, admin_port, yaml).await
+        })
+        .await
     }
 
     /// [`Gateway::start`] on the given client and admin ports.

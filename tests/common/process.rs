@@ -128,23 +128,31 @@ pub fn spawn(mut cmd: Command, name: &str) -> Proc {
 #[derive(Debug)]
 pub struct PortTaken;
 
-/// Starts the server `command(port)` builds on a free port and waits for its `/health` there.
-/// Another process may bind a free port first (a listener's or an outgoing connection's
-/// ephemeral port is drawn from the same range); the server then exits saying so, and is
-/// started again on another port.
-pub async fn start_on_free_port(name: &str, command: impl Fn(u16) -> Command) -> (Proc, u16) {
+/// Runs `start` (which picks its own free ports) until no port of its was taken first: a
+/// free port can be bound by another process before the server listens on it (a listener's or
+/// an outgoing connection's ephemeral port is drawn from the same range).
+pub async fn on_free_ports<T>(
+    what: &str,
+    mut start: impl AsyncFnMut() -> Result<T, PortTaken>,
+) -> T {
     for _ in 0..5 {
-        let port = free_port();
-        let mut proc = spawn(command(port), &format!("{name}-{port}"));
-        if proc
-            .wait_healthy(&format!("http://127.0.0.1:{port}/health"))
-            .await
-            .is_ok()
-        {
-            return (proc, port);
+        if let Ok(started) = start().await {
+            return started;
         }
     }
-    panic!("{name}: five free ports in a row were taken before it could listen");
+    panic!("{what}: five times in a row a free port was taken before it could listen");
+}
+
+/// Starts the server `command(port)` builds on a free port and waits for its `/health` there.
+pub async fn start_on_free_port(name: &str, command: impl Fn(u16) -> Command) -> (Proc, u16) {
+    on_free_ports(name, async || {
+        let port = free_port();
+        let mut proc = spawn(command(port), &format!("{name}-{port}"));
+        proc.wait_healthy(&format!("http://127.0.0.1:{port}/health"))
+            .await?;
+        Ok((proc, port))
+    })
+    .await
 }
 
 /// Waits until `url` answers 2xx (20 s at most).
