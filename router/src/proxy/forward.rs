@@ -500,8 +500,11 @@ impl Forward<'_> {
                         }
                         (chunk, None) => chunk,
                     };
-                    // A body of known length ends with its last bytes, before `finish_body`.
-                    if matches!(next, Some(Ok(None))) || upstream.response_done() {
+                    // A body of known length ends with its last bytes, before `finish_body`
+                    // (looked at only where a tenant's slot waits for the end).
+                    if self.tenant_slot.is_some()
+                        && (matches!(next, Some(Ok(None))) || upstream.response_done())
+                    {
                         self.answered();
                     }
                     if client.write_response_body(chunk, false).await.is_err() {
