@@ -108,6 +108,20 @@ async fn bad_requests_get_openai_errors_naming_the_field() {
         e["message"].as_str().unwrap().contains("not valid JSON"),
         "{e}"
     );
+    // Two bodies back to back are not one request (the worker would read only the first).
+    let (s, e) = post(
+        "/v1/completions",
+        r#"{"model":"test-model","prompt":"a"}{"model":"test-model","prompt":"b"}"#,
+    )
+    .await;
+    assert_eq!(s, 400);
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("trailing characters"),
+        "{e}"
+    );
     let (s, e) = post(
         "/v1/chat/completions",
         r#"{"model":"test-model","messages":"hi"}"#,

@@ -4,6 +4,7 @@
 
 pub mod error;
 pub mod hash;
+mod json_body;
 pub mod kv_events;
 pub mod openai;
 pub mod responses;

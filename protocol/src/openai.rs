@@ -2,6 +2,7 @@
 //! generators use). Unknown request fields are ignored, as OpenAI-compatible servers do, so a
 //! client's extensions pass through the gateway untouched.
 
+pub use crate::json_body::deserialize;
 use crate::{ApiError, ErrorKind};
 use serde::{Deserialize, Serialize};
 
@@ -431,40 +432,6 @@ impl ModelList {
                 .collect(),
         }
     }
-}
-
-/// Deserializes with the failing field's path in the error (`messages[0].role`).
-pub fn deserialize<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    let mut de = serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        let message = inner.to_string();
-        // A missing field is reported at its parent; name the field itself.
-        let missing = message
-            .strip_prefix("missing field `")
-            .and_then(|rest| rest.split('`').next())
-            .map(str::to_string);
-        let param = match (missing, path.as_str()) {
-            (Some(field), "." | "") => Some(field),
-            (Some(field), parent) => Some(format!("{parent}.{field}")),
-            (None, "." | "") => None,
-            (None, p) => Some(p.to_string()),
-        };
-        let message = if inner.is_syntax() || inner.is_eof() {
-            format!("request body is not valid JSON: {message}")
-        } else {
-            match &param {
-                Some(p) => format!("invalid field `{p}`: {message}"),
-                None => format!("invalid request: {message}"),
-            }
-        };
-        let error = ApiError::new(ErrorKind::InvalidRequest, message);
-        match param {
-            Some(p) => error.with_param(p),
-            None => error,
-        }
-    })
 }
 
 /// One server-sent event carrying `data`.
