@@ -14,7 +14,10 @@ Each cell runs kvgate's default, its presets, the peers' algorithms and the orac
 of gateway jitter per request instead). Per cell: kvgate's P90 TTFT over the best peer's, over
 SGLang's cache_aware, round-robin's and the oracle's; its cached ratio over the best peer's;
 its per-replica spread (most over fewest requests) over the best peer's. Each ratio is the
-median over the seeds, with its noise (half the range over the seeds).
+median over the seeds, with its noise (half the range over the seeds) and, for the P90 and
+cached ratios over the best peer's, the interval that holds the median with 90 % confidence
+(distribution-free: the seeds' order statistics; with too few seeds for 90 %, their range and
+what it covers). The goals' summary counts the cells whose whole interval misses a goal.
 
 Writes OUT/cells/CELL/seedN/ (kvgate sim's results; a cell already there is not run again),
 OUT/grid.json, OUT/grid.md (the table) and OUT/heat_*.svg (one heat map per ratio: shapes by
@@ -30,7 +33,7 @@ one gateway, over --exchange-seeds seeds, and adds a table of it (OUT/exchange/)
 --try runs kvgate policy files on every cell too (OUT/cells/CELL/seedN/try/NAME/) and adds them
 to the table of each preset's P90 over the best peer's across the grid, beside the default's.
 """
-import argparse, concurrent.futures, csv, datetime, json, os, statistics, subprocess, sys
+import argparse, concurrent.futures, csv, datetime, json, math, os, statistics, subprocess, sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KVGATE = os.path.join(ROOT, "target", "release", "kvgate")
@@ -229,12 +232,32 @@ RATIOS = ["p90_over_best_peer", "p90_over_sglang", "p90_over_round_robin", "p90_
           "cached_over_best_peer", "spread_over_best_peer"]
 
 
+CONFIDENCE = 0.9
+
+
+def median_interval(values, confidence=CONFIDENCE):
+    """(low, high, coverage): the narrowest pair of order statistics around the median that
+    holds the true median with at least `confidence` (each seed's value is as likely above it as
+    below, whatever the distribution); the range and its coverage when no pair reaches it."""
+    xs, n = sorted(values), len(values)
+
+    def coverage(k):  # of [x(k), x(n+1-k)], 1-based
+        return 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2 ** n
+
+    k = 1
+    while 2 * (k + 1) <= n + 1 and coverage(k + 1) >= confidence:
+        k += 1
+    return xs[k - 1], xs[n - k], coverage(k)
+
+
 def aggregate(per_seed):
     cell = {}
     for r in RATIOS:
         values = [s[r] for s in per_seed]
         cell[r] = statistics.median(values)
         cell[r + "_noise"] = (max(values) - min(values)) / 2
+    for r in ("p90_over_best_peer", "cached_over_best_peer"):
+        cell[r + "_interval"] = median_interval([s[r] for s in per_seed])
     cell["best_peer_p90"] = [s["best_peer_p90"] for s in per_seed]
     cell["replicas_per_group"] = statistics.median(s["replicas_per_group"] for s in per_seed)
     cell["p90_ms"] = {p: statistics.median(s["p90_ms"][p] for s in per_seed) for p in POLICIES}
@@ -390,6 +413,14 @@ def main():
         values = sorted(c[r] for c in cells.values())
         worst = max(values) if better is min else min(values)
         goals.append(f"{r}: median cell {statistics.median(values):.2f}, worst {worst:.2f}")
+    coverage = min(c["p90_over_best_peer_interval"][2] for c in cells.values())
+    for r, missed, goal in [("p90_over_best_peer", lambda lo, hi: lo > 1.0, "over 1.0"),
+                            ("cached_over_best_peer", lambda lo, hi: hi < 0.95, "under 0.95")]:
+        beyond = [f"{k} ({c[r + '_interval'][0]:.2f}-{c[r + '_interval'][1]:.2f})"
+                  for k, c in cells.items() if missed(*c[r + "_interval"][:2])]
+        goals.append(f"{r}: {len(beyond)} of {len(cells)} cells {goal} beyond the median's "
+                     f"interval (coverage at least {coverage:.0%})"
+                     + (": " + "; ".join(beyond) if beyond else ""))
     gateways = ["| shape | load | kvgate P90 ms, one gateway | with more | ratio | replicas per "
                 "group, one gateway | with more |", "|---|---:|---:|---:|---:|---:|---:|"]
     for many, one in MANY_GATEWAYS:
