@@ -1,10 +1,13 @@
 //! Byte-level BPE's pre-tokenizer done directly on the text: numeric characters one by one
-//! (where the model asks for it), then GPT-2's word pattern, then each byte as its printable
+//! (where the model asks for it), then GPT-2's word pattern (scanned by hand on ASCII text,
+//! `byte_level/ascii.rs`; by the `regex` crate otherwise), then each byte as its printable
 //! symbol. The `tokenizers` crate does the same through per-byte alignment tables and a
 //! backtracking regex engine, which costs several times more on a request's short user turn;
 //! the ids are checked equal to the crate's (the tokenizer's tests, the fuzz target).
 
 use regex::Regex;
+
+mod ascii;
 
 /// GPT-2's pattern without its look-ahead alternative `\s+(?!\S)`, which [`ByteLevelWords`]
 /// applies by hand.
@@ -33,12 +36,13 @@ impl ByteLevelWords {
     ) -> Result<(), E> {
         let mut word = String::new();
         let mut words_of = |piece: &str| {
+            let ascii = piece.is_ascii();
             let mut at = 0;
-            while let Some(m) = self.words.find_at(piece, at) {
-                let end = look_ahead(piece, m.start(), m.end());
+            while at < piece.len() {
+                let (start, end) = self.next_word(piece, at, ascii);
                 word.clear();
                 word.extend(
-                    piece.as_bytes()[m.start()..end]
+                    piece.as_bytes()[start..end]
                         .iter()
                         .map(|&b| self.symbols[b as usize]),
                 );
@@ -64,6 +68,32 @@ impl ByteLevelWords {
             words_of(&text[start..])?;
         }
         Ok(())
+    }
+}
+
+impl ByteLevelWords {
+    /// The next word of `piece` from `at` (before its end): where it starts and ends.
+    /// `ascii`: the piece is all ASCII.
+    fn next_word(&self, piece: &str, at: usize, ascii: bool) -> (usize, usize) {
+        let (start, end) = if ascii {
+            (at, ascii::word_end(piece.as_bytes(), at))
+        } else {
+            // Every character starts a match of the pattern, so there is one at `at`.
+            self.words
+                .find_at(piece, at)
+                .map_or((at, piece.len()), |m| (m.start(), m.end()))
+        };
+        (start, look_ahead(piece, start, end))
+    }
+
+    /// [`ByteLevelWords::next_word`] with the regex whatever the text.
+    #[cfg(test)]
+    fn next_word_by_regex(&self, piece: &str, at: usize) -> (usize, usize) {
+        let m = self
+            .words
+            .find_at(piece, at)
+            .unwrap_or_else(|| panic!("no word at {at}"));
+        (m.start(), look_ahead(piece, m.start(), m.end()))
     }
 }
 
@@ -139,6 +169,64 @@ mod tests {
         assert_eq!(words("ab 123x", true), ["ab", " ", "1", "2", "3", "x"]);
         assert_eq!(words("ab 123x", false), ["ab", " 123", "x"]);
         assert_eq!(words("a  1", true), ["a", "  ", "1"]);
+    }
+
+    /// Where each word of a text starts and ends.
+    type Words = Vec<(usize, usize)>;
+
+    /// Every word of an ASCII text as the scanner and as the regex split it.
+    fn both_ways(text: &str) -> (Words, Words) {
+        let split = ByteLevelWords::new(false).unwrap_or_else(|e| panic!("{e}"));
+        let walk = |next: &dyn Fn(usize) -> (usize, usize)| {
+            let (mut at, mut out) = (0, Vec::new());
+            while at < text.len() {
+                let (start, end) = next(at);
+                out.push((start, end));
+                at = end;
+            }
+            out
+        };
+        (
+            walk(&|at| split.next_word(text, at, true)),
+            walk(&|at| split.next_word_by_regex(text, at)),
+        )
+    }
+
+    #[test]
+    fn the_ascii_scanner_splits_contractions_and_runs_as_the_regex() {
+        for text in [
+            "I'll say it's 'reported' 've",
+            "''s '",
+            "a  b\t\n c",
+            " \x0b\x0c\r\x1c x",
+            "x!'s",
+            " 's",
+            "  12ab",
+            "a,b. 3",
+            "'",
+            " ",
+            "\x00\x7f~ ~",
+        ] {
+            let (scanner, regex) = both_ways(text);
+            assert_eq!(scanner, regex, "{text:?}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_ascii_scanner_equals_the_regex_on_any_ascii_text(
+            text in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::sample::select(&b" \t\n\x0b\x0c\r'sdtrevml0A!,\x1c\x00\x7f"[..]),
+                    0u8..0x80,
+                ],
+                0..40,
+            )
+        ) {
+            let text = String::from_utf8(text).unwrap_or_else(|e| panic!("{e}"));
+            let (scanner, regex) = both_ways(&text);
+            proptest::prop_assert_eq!(scanner, regex);
+        }
     }
 
     #[test]
