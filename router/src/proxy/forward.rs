@@ -46,6 +46,17 @@ pub enum Outcome {
     Close,
 }
 
+impl Outcome {
+    /// `Complete` when the whole response was `written`.
+    pub fn of(written: bool) -> Self {
+        if written {
+            Outcome::Complete
+        } else {
+            Outcome::Close
+        }
+    }
+}
+
 /// Everything about the request that the attempts share.
 pub struct Forward<'a> {
     pub gateway: &'a Gateway,
@@ -104,11 +115,7 @@ impl Forward<'_> {
         }
         self.count(route_label, last_error.status(), "none");
         self.answered();
-        if respond::send_error(client, &last_error, self.request_id).await {
-            Outcome::Complete
-        } else {
-            Outcome::Close
-        }
+        Outcome::of(respond::send_error(client, &last_error, self.request_id).await)
     }
 
     /// The answer's last bytes are about to go out: what follows (the upstream connection's
@@ -365,11 +372,7 @@ impl Forward<'_> {
             named.into_iter().collect(),
         )
         .await;
-        let outcome = if sent {
-            Outcome::Complete
-        } else {
-            Outcome::Close
-        };
+        let outcome = Outcome::of(sent);
         Attempt::Done(outcome, status)
     }
 
@@ -536,10 +539,7 @@ impl Forward<'_> {
                     } else if answer_ok {
                         self.gateway.replica_succeeded(replica);
                     }
-                    return match client.finish_body().await {
-                        Ok(()) => Outcome::Complete,
-                        Err(_) => Outcome::Close,
-                    };
+                    return Outcome::of(client.finish_body().await.is_ok());
                 }
                 Err(e) => {
                     let timeout = is_timeout(&e);
@@ -576,11 +576,7 @@ async fn end_with_error(client: &mut ServerSession, error: &ApiError) -> Outcome
         .await
         .is_ok()
         && client.finish_body().await.is_ok();
-    if ended {
-        Outcome::Complete
-    } else {
-        Outcome::Close
-    }
+    Outcome::of(ended)
 }
 
 async fn write_request(

@@ -182,11 +182,7 @@ impl ProxyApp {
                 respond::send_error(session, &e, request_id).await
             }
         };
-        if sent {
-            Outcome::Complete
-        } else {
-            Outcome::Close
-        }
+        Outcome::of(sent)
     }
 
     async fn proxy(
@@ -279,11 +275,7 @@ impl ProxyApp {
                         refusal.retry_after,
                     )
                     .await;
-                    return if sent {
-                        Outcome::Complete
-                    } else {
-                        Outcome::Close
-                    };
+                    return Outcome::of(sent);
                 }
             },
         };
@@ -322,11 +314,7 @@ impl ProxyApp {
                         let sent =
                             respond::send_json(session, answer.status, answer.body.to_vec(), &[])
                                 .await;
-                        return if sent {
-                            Outcome::Complete
-                        } else {
-                            Outcome::Close
-                        };
+                        return Outcome::of(sent);
                     }
                 }
             }
@@ -468,11 +456,7 @@ impl ProxyApp {
             .requests
             .with_label_values(&[route, &status, "none"])
             .inc();
-        if respond::send_error(session, &error, request_id).await {
-            Outcome::Complete
-        } else {
-            Outcome::Close
-        }
+        Outcome::of(respond::send_error(session, &error, request_id).await)
     }
 }
 
