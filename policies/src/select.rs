@@ -443,9 +443,11 @@ impl Policy {
                     prompt.relative(least_work, prompt.ahead_on(r, held.max(shared)))
                 };
                 signals[Signal::Fresh] = if r.stale { 0.0 } else { 1.0 };
-                // Stickiness yields only to saturation.
+                // Stickiness yields only to saturation, and stands in only for what the prefix
+                // index cannot show the home holding: the history it does show is weighed by
+                // the prefix and prefill signals, as any cached prefix is.
                 signals[Signal::Session] = if session_home == Some(r.id) && !is_saturated {
-                    1.0
+                    1.0 - (held / blocks.max(1) as f64).clamp(0.0, 1.0)
                 } else {
                     0.0
                 };

@@ -7,6 +7,7 @@ use proptest::prelude::*;
 
 mod hot_group;
 mod saturation;
+mod sessions;
 mod spread;
 mod ties;
 
