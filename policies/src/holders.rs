@@ -1,74 +1,58 @@
-//! The replicas holding one KV block, each with a value: the tiers it holds the block in, or
-//! when the gateway's guess that it does expires. Inline while a single replica holds the
-//! block (the usual case), so that a lookup in a large index touches one cache line and no
-//! heap. A value equal to `T::default()` (no tier, expired at 0) means the replica is absent.
+//! The replicas holding one KV block, each with the tiers it holds it in. Inline while a single
+//! replica holds the block (the usual case), so that a lookup in a large index touches one
+//! cache line and no heap.
 
 use crate::ReplicaId;
 
 #[derive(Debug, Clone)]
-pub enum Holders<T> {
-    One(ReplicaId, T),
-    Many(Vec<(ReplicaId, T)>),
+pub enum Holders {
+    One(ReplicaId, u8),
+    Many(Vec<(ReplicaId, u8)>),
 }
 
-impl<T: Copy + Default + PartialEq> Holders<T> {
-    /// `replica`'s value (the default: it is not among them).
-    pub fn get(&self, replica: ReplicaId) -> T {
+impl Holders {
+    /// The tiers `replica` holds the block in (0: none).
+    pub fn tiers(&self, replica: ReplicaId) -> u8 {
         match self {
-            Holders::One(r, v) if *r == replica => *v,
-            Holders::One(..) => T::default(),
-            Holders::Many(list) => list
-                .iter()
-                .find(|(r, _)| *r == replica)
-                .map_or_else(T::default, |h| h.1),
+            Holders::One(r, t) => {
+                if *r == replica {
+                    *t
+                } else {
+                    0
+                }
+            }
+            Holders::Many(list) => list.iter().find(|(r, _)| *r == replica).map_or(0, |h| h.1),
         }
     }
 
-    /// Sets `replica`'s value; the default removes it.
-    pub fn set(&mut self, replica: ReplicaId, value: T) {
-        let absent = value == T::default();
+    /// Sets the tiers `replica` holds the block in; 0 removes it.
+    pub fn set(&mut self, replica: ReplicaId, tiers: u8) {
         match self {
-            Holders::One(r, v) if *r == replica => {
-                if absent {
+            Holders::One(r, t) if *r == replica => {
+                if tiers == 0 {
                     *self = Holders::Many(Vec::new());
                 } else {
-                    *v = value;
+                    *t = tiers;
                 }
             }
-            Holders::One(r, v) => {
-                if !absent {
-                    *self = Holders::Many(vec![(*r, *v), (replica, value)]);
+            Holders::One(r, t) => {
+                if tiers != 0 {
+                    *self = Holders::Many(vec![(*r, *t), (replica, tiers)]);
                 }
             }
             Holders::Many(list) => match list.iter().position(|(r, _)| *r == replica) {
-                Some(i) if absent => {
+                Some(i) if tiers == 0 => {
                     list.swap_remove(i);
                 }
-                Some(i) => list[i].1 = value,
-                None if !absent => list.push((replica, value)),
+                Some(i) => list[i].1 = tiers,
+                None if tiers != 0 => list.push((replica, tiers)),
                 None => {}
             },
         }
     }
 
-    /// Keeps the replicas whose value passes `keep`.
-    pub fn retain(&mut self, mut keep: impl FnMut(ReplicaId, T) -> bool) {
-        match self {
-            Holders::One(r, v) if !keep(*r, *v) => *self = Holders::Many(Vec::new()),
-            Holders::One(..) => {}
-            Holders::Many(list) => list.retain(|&(r, v)| keep(r, v)),
-        }
-    }
-
     pub fn is_empty(&self) -> bool {
         matches!(self, Holders::Many(list) if list.is_empty())
-    }
-
-    pub fn len(&self) -> usize {
-        match self {
-            Holders::One(..) => 1,
-            Holders::Many(list) => list.len(),
-        }
     }
 
     pub fn replicas(&self) -> impl Iterator<Item = ReplicaId> + '_ {
@@ -87,34 +71,18 @@ mod tests {
     #[test]
     fn grows_and_shrinks() {
         let (a, b) = (ReplicaId(0), ReplicaId(1));
-        let mut h = Holders::One(a, 1u8);
+        let mut h = Holders::One(a, 1);
         h.set(b, 2);
         h.set(a, 3);
-        assert_eq!((h.get(a), h.get(b)), (3, 2));
+        assert_eq!((h.tiers(a), h.tiers(b)), (3, 2));
         assert_eq!(h.replicas().count(), 2);
         h.set(a, 0);
         h.set(b, 0);
         assert!(h.is_empty());
-        let mut h = Holders::One(a, 1u8);
+        let mut h = Holders::One(a, 1);
         h.set(b, 0);
-        assert_eq!(h.get(a), 1, "removing a non-holder changes nothing");
+        assert_eq!(h.tiers(a), 1, "removing a non-holder changes nothing");
         h.set(a, 0);
         assert!(h.is_empty() && h.replicas().next().is_none());
-    }
-
-    #[test]
-    fn retain_keeps_those_that_pass() {
-        let (a, b) = (ReplicaId(0), ReplicaId(1));
-        let mut h = Holders::One(a, 200u64);
-        h.retain(|_, expires| expires > 100);
-        assert_eq!(h.get(a), 200);
-        h.set(b, 50);
-        h.retain(|_, expires| expires > 100);
-        assert_eq!((h.get(a), h.get(b), h.len()), (200, 0, 1));
-        h.retain(|_, expires| expires > 300);
-        assert!(h.is_empty());
-        let mut h = Holders::One(a, 50u64);
-        h.retain(|_, expires| expires > 100);
-        assert!(h.is_empty());
     }
 }

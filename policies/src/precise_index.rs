@@ -1,8 +1,7 @@
 //! Precise prefix index (token mode): block hash → the replicas that hold the block and in
 //! which tier, fed by the workers' KV events, which name exactly the hashes the gateway computes
 //! from the prompt's token ids. A routing decision adds short-lived assumed entries for
-//! the chosen replica, covering the time until its stored-block events arrive (a guess per
-//! replica: a prompt sent to several is counted on each). To keep a
+//! the chosen replica, covering the time until its stored-block events arrive. To keep a
 //! decision cheap, a guess is recorded at every [`ASSUMED_STRIDE`]-th block and at the
 //! prompt's last one, so a guessed run is counted in whole strides (a later prompt that shares
 //! 18 blocks of a guessed 20 counts 16).
@@ -37,11 +36,11 @@ struct ReplicaBlocks {
 #[derive(Debug, Clone, Default)]
 pub struct PreciseIndex {
     /// Block hash → (replica, tiers).
-    holders: HashKeyMap<Holders<u8>>,
+    holders: HashKeyMap<Holders>,
     per_replica: Vec<ReplicaBlocks>,
-    /// Checkpoint block hash → (replica, expiry ms) for each replica a routing decision sent
-    /// it to, the latest decision's expiry.
-    assumed: HashKeyMap<Holders<u64>>,
+    /// Checkpoint block hash → (replica, expiry ms) of the latest routing decision that sent
+    /// it, until events confirm it.
+    assumed: HashKeyMap<(ReplicaId, u64)>,
     /// Guesses in expiry order (expiry, hash), for purging.
     expiries: VecDeque<(u64, u64)>,
     /// Per replica slot: its lower tiers' worth, as its engine measured.
@@ -190,10 +189,7 @@ impl PreciseIndex {
     /// next update must start with a snapshot.
     pub fn clear_replica(&mut self, replica: ReplicaId) {
         self.clear_blocks(replica);
-        self.assumed.retain(|_, guesses| {
-            guesses.set(replica, 0);
-            !guesses.is_empty()
-        });
+        self.assumed.retain(|_, (r, _)| *r != replica);
     }
 
     /// Forgets the blocks `replica`'s events reported, and its event sequence, but not the
@@ -220,18 +216,15 @@ impl PreciseIndex {
         let n = hashes.len();
         for (i, &hash) in hashes.iter().enumerate().skip(held) {
             if is_checkpoint(i, n) {
-                self.assumed
-                    .entry(hash)
-                    .and_modify(|g| g.set(replica, expires_ms))
-                    .or_insert(Holders::One(replica, expires_ms));
+                self.assumed.insert(hash, (replica, expires_ms));
                 self.expiries.push_back((expires_ms, hash));
             }
         }
     }
 
-    /// Guesses (block, replica) recorded and not yet purged.
+    /// Guesses recorded and not yet purged.
     pub fn assumed_len(&self) -> usize {
-        self.assumed.values().map(Holders::len).sum()
+        self.assumed.len()
     }
 
     fn purge_expired(&mut self, now_ms: u64) {
@@ -240,12 +233,9 @@ impl PreciseIndex {
                 break;
             }
             self.expiries.pop_front();
-            // A later decision may have renewed a guess: drop only those due.
-            if let Some(guesses) = self.assumed.get_mut(&hash) {
-                guesses.retain(|_, e| e > now_ms);
-                if guesses.is_empty() {
-                    self.assumed.remove(&hash);
-                }
+            // A later decision may have renewed the guess: drop it only if it is due.
+            if self.assumed.get(&hash).is_some_and(|&(_, e)| e <= now_ms) {
+                self.assumed.remove(&hash);
             }
         }
     }
@@ -269,7 +259,7 @@ impl PreciseIndex {
     pub fn held_by_tier(&self, hashes: &[u64], replica: ReplicaId) -> HeldByTier {
         let mut held = HeldByTier::default();
         for hash in hashes {
-            let tiers = self.holders.get(hash).map_or(0, |h| h.get(replica));
+            let tiers = self.holders.get(hash).map_or(0, |h| h.tiers(replica));
             if tiers & DEVICE != 0 {
                 held.device += 1;
             } else if tiers & HOST != 0 {
@@ -301,7 +291,7 @@ impl PreciseIndex {
             for run in runs.iter_mut().filter(|r| r.blocks == i) {
                 let value = self
                     .tier_values(run.replica)
-                    .block_value(holders.get(run.replica));
+                    .block_value(holders.tiers(run.replica));
                 if value > 0.0 {
                     run.value += value;
                     run.blocks += 1;
@@ -326,22 +316,21 @@ impl PreciseIndex {
             .enumerate()
             .filter(|&(i, _)| is_checkpoint(i, n))
         {
-            let guesses = self.assumed.get(hash);
-            let guessed = |r: ReplicaId| guesses.is_some_and(|g| g.get(r) > now_ms);
+            let guess = self
+                .assumed
+                .get(hash)
+                .filter(|&&(_, expires)| expires > now_ms)
+                .map(|&(r, _)| r);
             let replicas = alive.get_or_insert_with(|| {
                 let mut first: Vec<ReplicaId> = runs.iter().map(|r| r.replica).collect();
-                for g in guesses.into_iter().flat_map(Holders::replicas) {
-                    if guessed(g) && !first.contains(&g) {
-                        first.push(g);
-                    }
-                }
+                first.extend(guess.filter(|g| !first.contains(g)));
                 first
             });
-            replicas.retain(|&r| guessed(r) || known(r).is_some_and(|k| k.blocks > i));
+            replicas.retain(|&r| guess == Some(r) || known(r).is_some_and(|k| k.blocks > i));
             if replicas.is_empty() {
                 return;
             }
-            for &r in replicas.iter().filter(|&&r| guessed(r)) {
+            for &r in replicas.iter().filter(|&&r| guess == Some(r)) {
                 let (value, blocks) = known(r).map_or((0.0, 0), |k| (k.value, k.blocks));
                 if let Some(m) = matched.get_mut(r.0 as usize) {
                     *m = m.max(value + (i + 1 - blocks.min(i + 1)) as f64);

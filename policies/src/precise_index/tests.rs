@@ -251,30 +251,6 @@ fn guesses_count_in_strides_until_they_expire() {
 }
 
 #[test]
-fn a_prompt_sent_to_several_replicas_is_guessed_on_each() {
-    let mut idx = PreciseIndex::default();
-    let prompt: Vec<u64> = (1..=8).collect();
-    idx.assume(A, &prompt, 0, 100, 300);
-    idx.assume(B, &prompt, 0, 110, 310);
-    assert_eq!(
-        overlaps(&idx, &prompt, 150),
-        vec![8.0, 8.0],
-        "the second decision keeps the first's guess"
-    );
-    assert_eq!(idx.assumed_len(), 4, "two checkpoints on each");
-    // Each guess expires on its own, and a replica that leaves takes only its own.
-    assert_eq!(overlaps(&idx, &prompt, 305), vec![0.0, 8.0]);
-    idx.clear_replica(B);
-    assert_eq!(overlaps(&idx, &prompt, 150), vec![8.0, 0.0]);
-    idx.assume(B, &[99], 0, 305, 600);
-    assert_eq!(
-        idx.assumed_len(),
-        1,
-        "A's expired guesses purged, B's new one kept"
-    );
-}
-
-#[test]
 fn a_snapshot_keeps_the_guesses_of_prompts_not_yet_computed() {
     let mut idx = PreciseIndex::default();
     let prompt: Vec<u64> = (1..=8).collect();
