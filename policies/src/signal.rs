@@ -22,7 +22,9 @@ pub enum Signal {
     Prefill,
     /// 1 unless the replica's agent reports are stale (then 0).
     Fresh,
-    /// 1 for the replica the request's session is bound to, unless it is saturated.
+    /// For the replica the request's session is bound to, unless it is saturated: the share
+    /// of the prompt the prefix index does not show it holding (1 for a prompt it cannot
+    /// place); 0 elsewhere.
     Session,
     /// The fraction of its KV cache free, as its agent reports (1 without reports).
     Kv,
