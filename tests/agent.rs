@@ -13,10 +13,8 @@ use std::time::{Duration, Instant};
 
 const TOKEN: &str = "agent-test-token";
 
-fn token_file(port: u16) -> std::path::PathBuf {
-    let path = std::env::temp_dir().join(format!("kvgate-test-token-{port}"));
-    std::fs::write(&path, format!("{TOKEN}\n")).unwrap();
-    path
+fn token_file(port: u16) -> tempfile::TempPath {
+    temp_file_with(&format!("token-{port}"), "", format!("{TOKEN}\n"))
 }
 
 fn agents_yaml(token: &std::path::Path, join: &str) -> String {
@@ -123,16 +121,15 @@ async fn an_agent_supervises_its_worker_and_the_gateway_follows() {
     let token = token_file(admin_port);
     // No static replicas: the worker joins by reporting.
     let (port, worker_port) = (free_port(), free_port());
-    let config = std::env::temp_dir().join(format!("kvgate-test-agent-{port}.yaml"));
-    std::fs::write(
-        &config,
+    let config = temp_file_with(
+        &format!("agent-{port}"),
+        ".yaml",
         format!(
             "listen: \"127.0.0.1:{port}\"\nadmin_listen: \"127.0.0.1:{admin_port}\"\nreplicas: []\n{}{}",
             agents_yaml(&token, "open"),
             token_mode_yaml()
         ),
-    )
-    .unwrap();
+    );
     let mut cmd = kvgate();
     cmd.args(["gateway", "--config", config.to_str().unwrap()]);
     let mut gw = Gateway {

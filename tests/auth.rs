@@ -38,10 +38,8 @@ fn hash_key_hashes_stdin_and_generates_keys() {
     assert_eq!(lines[1], hash_key(lines[0]));
 }
 
-fn secret_file(name: &str, content: &str) -> std::path::PathBuf {
-    let path = std::env::temp_dir().join(format!("kvgate-auth-{name}-{}", std::process::id()));
-    std::fs::write(&path, content).unwrap();
-    path
+fn secret_file(name: &str, content: &str) -> tempfile::TempPath {
+    temp_file_with(&format!("auth-{name}"), "", content)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -54,8 +52,11 @@ async fn the_admin_api_asks_for_its_token_and_shows_no_secret() {
         token.display()
     );
     let (port, admin_port) = (free_port(), free_port());
-    let config = std::env::temp_dir().join(format!("kvgate-auth-{port}.yaml"));
-    std::fs::write(&config, Gateway::yaml(port, admin_port, &[&w], &extra)).unwrap();
+    let config = temp_file_with(
+        &format!("auth-{port}"),
+        ".yaml",
+        Gateway::yaml(port, admin_port, &[&w], &extra),
+    );
     let mut cmd = kvgate();
     cmd.args(["gateway", "--config", config.to_str().unwrap()]);
     let _gw = spawn(cmd, &format!("gateway-{port}"));

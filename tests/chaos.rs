@@ -11,7 +11,6 @@
 mod common;
 
 use common::*;
-use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -37,7 +36,7 @@ struct Row {
 /// `kvgate bench` running against a gateway.
 struct Load {
     proc: Proc,
-    out: PathBuf,
+    out: tempfile::TempDir,
     started: Instant,
 }
 
@@ -45,11 +44,7 @@ impl Load {
     /// Streamed chats of about 64 prompt and 16 output tokens, `rate` a second (Poisson) for
     /// `seconds`.
     fn start(url: &str, rate: f64, seconds: f64) -> Load {
-        let out = std::env::temp_dir().join(format!(
-            "kvgate-chaos-{}-{}",
-            std::process::id(),
-            free_port()
-        ));
+        let out = temp_dir("chaos-load");
         let mut cmd = kvgate();
         cmd.args([
             "bench",
@@ -73,7 +68,7 @@ impl Load {
         ])
         .args(["--input-mean", "64", "--output-mean", "16"])
         .args(["--header", "x-kvgate-debug: 1", "--quiet", "--out"])
-        .arg(&out);
+        .arg(out.path());
         Load {
             proc: spawn(cmd, &format!("bench-{}", free_port())),
             out,
@@ -97,7 +92,7 @@ impl Load {
     fn finish(mut self) -> Vec<Row> {
         let status = self.proc.child.wait().unwrap();
         assert!(status.success(), "the bench failed: {status}");
-        let csv = std::fs::read_to_string(self.out.join("requests.csv")).unwrap();
+        let csv = std::fs::read_to_string(self.out.path().join("requests.csv")).unwrap();
         let rows: Vec<Row> = csv.lines().skip(1).map(row).collect();
         assert!(rows.len() > 10, "hardly any load: {} requests", rows.len());
         rows
@@ -168,6 +163,7 @@ struct AgentFleet {
     gw: Gateway,
     agents: Vec<Proc>,
     ids: Vec<String>,
+    _token: tempfile::TempPath,
 }
 
 /// A replica by its port alone (its process is started by an agent).
@@ -189,16 +185,18 @@ const SIM: &[&str] = &["--time-scale", "10", "--max-num-seqs", "4"];
 impl AgentFleet {
     async fn start(extra: &str) -> AgentFleet {
         let (port, admin_port) = (free_port(), free_port());
-        let token = std::env::temp_dir().join(format!("kvgate-chaos-token-{port}"));
-        std::fs::write(&token, "chaos-token").unwrap();
+        let token = temp_file_with(&format!("chaos-token-{port}"), "", "chaos-token");
         let workers: Vec<Port> = (0..3).map(|_| Port(free_port())).collect();
         let upstreams: Vec<&dyn Upstream> = workers.iter().map(|w| w as &dyn Upstream).collect();
         let yaml = format!(
             "agents:\n  token_file: \"{}\"\nhealth:\n  interval_ms: 200\n  ejection_base_ms: 500\n{extra}",
             token.display()
         );
-        let config = std::env::temp_dir().join(format!("kvgate-chaos-{port}.yaml"));
-        std::fs::write(&config, Gateway::yaml(port, admin_port, &upstreams, &yaml)).unwrap();
+        let config = temp_file_with(
+            &format!("chaos-{port}"),
+            ".yaml",
+            Gateway::yaml(port, admin_port, &upstreams, &yaml),
+        );
         let mut cmd = kvgate();
         cmd.args(["gateway", "--config", config.to_str().unwrap()]);
         let mut gw = Gateway {
@@ -233,6 +231,7 @@ impl AgentFleet {
             gw,
             agents,
             ids: workers.iter().map(Upstream::id).collect(),
+            _token: token,
         }
     }
 
@@ -252,7 +251,7 @@ async fn rate_at(share: f64) -> f64 {
         return c * share;
     }
     let fleet = AgentFleet::start("").await;
-    let out = std::env::temp_dir().join(format!("kvgate-chaos-capacity-{}", fleet.gw.port));
+    let out = temp_dir("chaos-capacity");
     let status = kvgate()
         .args([
             "bench",
@@ -279,13 +278,14 @@ async fn rate_at(share: f64) -> f64 {
             "--quiet",
             "--out",
         ])
-        .arg(&out)
+        .arg(out.path())
         .stdout(std::process::Stdio::null())
         .status()
         .unwrap();
     assert!(status.success());
     let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("summary.json")).unwrap())
+            .unwrap();
     let capacity = summary["requests_per_s"].as_f64().unwrap();
     eprintln!("fleet capacity: {capacity:.1} requests/s");
     *CAPACITY.lock().unwrap() = Some(capacity);

@@ -54,8 +54,7 @@ async fn large_bodies_arrive_byte_exact_and_oversized_ones_get_413() {
 async fn curl_with_expect_continue_is_not_stalled() {
     let w = Worker::start(&[]).await;
     let gw = Gateway::start(&[&w], "").await;
-    let path = std::env::temp_dir().join(format!("kvgate-expect-{}.json", gw.port));
-    std::fs::write(&path, body_of_size(2 << 20)).unwrap();
+    let path = temp_file_with("expect", ".json", body_of_size(2 << 20));
     let out = std::process::Command::new("curl")
         .args([
             "-sv",

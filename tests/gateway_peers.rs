@@ -24,10 +24,8 @@ fn peers_yaml(token: &std::path::Path, peer_admin_ports: &[u16]) -> String {
     )
 }
 
-fn token_file(port: u16) -> std::path::PathBuf {
-    let path = std::env::temp_dir().join(format!("kvgate-peer-token-{port}"));
-    std::fs::write(&path, format!("{TOKEN}\n")).unwrap();
-    path
+fn token_file(port: u16) -> tempfile::TempPath {
+    temp_file_with(&format!("peer-token-{port}"), "", format!("{TOKEN}\n"))
 }
 
 /// A chat long enough for several prefix chunks, distinct per `n`.

@@ -151,13 +151,11 @@ async fn a_broken_config_is_rejected_and_the_running_one_kept() {
 
 #[test]
 fn check_config_reports_every_error_with_its_path() {
-    let dir = std::env::temp_dir();
-    let bad = dir.join(format!("kvgate-check-{}.yaml", std::process::id()));
-    std::fs::write(
-        &bad,
+    let bad = temp_file_with(
+        "check",
+        ".yaml",
         "listen: \"nowhere\"\nreplicas:\n  - url: \"http://127.0.0.1:1\"\n    max_in_flight: 0\nretries:\n  attempts: 99\n",
-    )
-    .unwrap();
+    );
     let out = kvgate()
         .args(["check-config", bad.to_str().unwrap()])
         .output()
@@ -167,12 +165,11 @@ fn check_config_reports_every_error_with_its_path() {
     for path in ["listen:", "replicas[0].max_in_flight:", "retries.attempts:"] {
         assert!(stdout.contains(path), "missing {path} in:\n{stdout}");
     }
-    let good = dir.join(format!("kvgate-check-ok-{}.yaml", std::process::id()));
-    std::fs::write(
-        &good,
+    let good = temp_file_with(
+        "check-ok",
+        ".yaml",
         "listen: \"127.0.0.1:8080\"\nreplicas:\n  - url: \"http://127.0.0.1:9001\"\n",
-    )
-    .unwrap();
+    );
     let out = kvgate()
         .args(["check-config", good.to_str().unwrap()])
         .output()

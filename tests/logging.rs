@@ -12,8 +12,11 @@ use std::time::Duration;
 async fn a_gateway_whose_stderr_is_never_read_goes_on_serving() {
     let worker = Worker::start(&[]).await;
     let (port, admin_port) = (free_port(), free_port());
-    let config = std::env::temp_dir().join(format!("kvgate-test-logging-{port}.yaml"));
-    std::fs::write(&config, Gateway::yaml(port, admin_port, &[&worker], "")).unwrap();
+    let config = temp_file_with(
+        &format!("logging-{port}"),
+        ".yaml",
+        Gateway::yaml(port, admin_port, &[&worker], ""),
+    );
     // Debug logging writes about 2 KB a request: the 64 KB pipe is full after some 30.
     let mut cmd = kvgate();
     cmd.args(["gateway", "--config", config.to_str().unwrap()])
@@ -23,7 +26,7 @@ async fn a_gateway_whose_stderr_is_never_read_goes_on_serving() {
     let mut gateway = Proc {
         child: cmd.spawn().unwrap(),
         name: "gateway with an unread stderr".into(),
-        log: Default::default(),
+        log: temp_file("unread-stderr", ".log").into_temp_path(),
     };
     let _unread = gateway.child.stderr.take();
     let url = format!("http://127.0.0.1:{port}");

@@ -76,8 +76,7 @@ async fn groups_stay_where_their_blocks_are() {
     for _ in 0..4 {
         workers.push(SimWorker::start(&["--time-scale", "0.05", "--max-num-seqs", "2"]).await);
     }
-    let token = std::env::temp_dir().join(format!("kvgate-precise-token-{}", workers[0].port));
-    std::fs::write(&token, TOKEN).unwrap();
+    let token = temp_file_with("precise-token", "", TOKEN);
     let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
     // Guesses expire after 300 ms: later decisions rest on the workers' events alone. The

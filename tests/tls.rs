@@ -39,8 +39,8 @@ fn pki(dir: &Path, name: &str) -> Pki {
     }
 }
 
-fn scratch(test: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("kvgate-tls-{test}-{}", std::process::id()))
+fn scratch(test: &str) -> tempfile::TempDir {
+    temp_dir(&format!("tls-{test}"))
 }
 
 /// A client that trusts only `ca`.
@@ -60,10 +60,8 @@ async fn start_gateway(
     name: &str,
     client: &reqwest::Client,
     url: &str,
-) -> (Proc, PathBuf) {
-    let config =
-        std::env::temp_dir().join(format!("kvgate-tls-{name}-{}.yaml", std::process::id()));
-    std::fs::write(&config, yaml).unwrap();
+) -> (Proc, tempfile::TempPath) {
+    let config = temp_file_with(name, ".yaml", yaml);
     let mut cmd = kvgate();
     cmd.args(["gateway", "--config", config.to_str().unwrap()]);
     let proc = spawn(cmd, name);
@@ -99,7 +97,7 @@ async fn complete(client: &reqwest::Client, url: &str) -> Result<u16, reqwest::E
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_listener_serves_https_and_takes_a_new_certificate_on_reload() {
     let dir = scratch("listener");
-    let (first, second) = (pki(&dir, "first"), pki(&dir, "second"));
+    let (first, second) = (pki(dir.path(), "first"), pki(dir.path(), "second"));
     let w = Worker::start(&[]).await;
     let (port, admin) = (free_port(), free_port());
     let url = format!("https://localhost:{port}");
@@ -154,7 +152,7 @@ async fn the_listener_serves_https_and_takes_a_new_certificate_on_reload() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_replicas_are_checked_against_the_configured_ca() {
     let dir = scratch("upstream");
-    let (served, other) = (pki(&dir, "served"), pki(&dir, "other"));
+    let (served, other) = (pki(dir.path(), "served"), pki(dir.path(), "other"));
     let w = Worker::start(&[]).await;
     // An HTTPS replica: a TLS gateway in front of the test worker.
     let (inner_port, inner_admin) = (free_port(), free_port());
@@ -194,9 +192,9 @@ async fn https_replicas_are_checked_against_the_configured_ca() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_report_to_an_https_admin_listener() {
     let dir = scratch("agents");
-    let p = pki(&dir, "admin");
+    let p = pki(dir.path(), "admin");
     let w = SimWorker::start(&["--time-scale", "0.01"]).await;
-    let token = dir.join("agent-token");
+    let token = dir.path().join("agent-token");
     std::fs::write(&token, "s3cret-agent-token").unwrap();
     let (port, admin) = (free_port(), free_port());
     let replicas = format!(

@@ -237,6 +237,10 @@ async fn a_killed_up_takes_its_fleet_with_it() {
     }
     up.proc.signal("KILL");
     assert_nothing_left(pid, "after SIGKILL of kvgate up").await;
+    // A killed process cannot remove its private directory; the test does.
+    if let Some(dir) = private_dir(up.port) {
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -258,12 +262,11 @@ async fn a_taken_port_fails_at_once_with_its_name() {
     );
 
     // The gateway alone does the same for its admin port.
-    let config = std::env::temp_dir().join(format!("kvgate-taken-{port}.yaml"));
-    std::fs::write(
-        &config,
+    let config = temp_file_with(
+        &format!("taken-{port}"),
+        ".yaml",
         format!("listen: \"127.0.0.1:{}\"\nadmin_listen: \"127.0.0.1:{port}\"\nreplicas:\n  - url: \"http://127.0.0.1:9\"\n", free_port()),
-    )
-    .unwrap();
+    );
     let out = kvgate()
         .args(["gateway", "--config", config.to_str().unwrap()])
         .output()

@@ -94,10 +94,10 @@ async fn an_evicted_prefix_is_served_from_the_host_tier() {
 /// from disk; the disk tier shows in `/stats`, `/metrics` and the KV events.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_evicted_prefix_is_served_from_the_disk_tier() {
-    let dir = std::env::temp_dir().join(format!("kvgate-disk-tier-{}", free_port()));
+    let dir = temp_dir("disk-tier");
     let mut flags = CPU.to_vec();
     flags[9] = "1"; // --kv-offload-mib: 2 blocks of 360 KiB
-    let dir_arg = dir.to_str().unwrap();
+    let dir_arg = dir.path().to_str().unwrap();
     flags.extend(["--kv-offload-dir", dir_arg, "--kv-offload-disk-mib", "64"]);
     let w = SimWorker::start_cpu(&flags).await;
     let (a, b) = (prompt(1, 150), prompt(2, 310));
@@ -144,8 +144,7 @@ async fn an_evicted_prefix_is_served_from_the_disk_tier() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateway_explains_host_tier_blocks_apart() {
     let w = SimWorker::start_cpu(&CPU).await;
-    let token = std::env::temp_dir().join(format!("kvgate-offload-token-{}", w.port));
-    std::fs::write(&token, "offload-token").unwrap();
+    let token = temp_file_with("offload-token", "", "offload-token");
     let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
     let yaml = format!(
@@ -192,7 +191,6 @@ async fn the_gateway_explains_host_tier_blocks_apart() {
 #[test]
 fn a_tier_the_worker_cannot_keep_is_refused_at_start() {
     // A profile that names no device-host link: the sim backend has no price for a copy.
-    let profile = std::env::temp_dir().join(format!("kvgate-no-link-{}.yaml", free_port()));
     let h200 = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("config/profiles/h200-llama-3.1-8b-bf16.yaml"),
@@ -203,7 +201,7 @@ fn a_tier_the_worker_cannot_keep_is_refused_at_start() {
         .filter(|l| !l.contains("host_link_gb_s"))
         .map(|l| format!("{l}\n"))
         .collect();
-    std::fs::write(&profile, no_link).unwrap();
+    let profile = temp_file_with("no-link", ".yaml", &no_link);
     let profile = profile.to_str().unwrap();
     let cases = [
         (

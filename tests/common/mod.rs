@@ -5,7 +5,6 @@
 mod process;
 
 pub use process::*;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -153,7 +152,7 @@ pub struct Gateway {
     pub proc: Proc,
     pub port: u16,
     pub admin_port: u16,
-    pub config: PathBuf,
+    pub config: tempfile::TempPath,
 }
 
 impl Gateway {
@@ -186,8 +185,7 @@ impl Gateway {
     }
 
     async fn launch(port: u16, admin_port: u16, yaml: String) -> Result<Gateway, PortTaken> {
-        let config = std::env::temp_dir().join(format!("kvgate-test-{port}.yaml"));
-        std::fs::write(&config, yaml).unwrap();
+        let config = temp_file_with(&format!("gateway-{port}"), ".yaml", &yaml);
         let mut cmd = kvgate();
         cmd.args(["gateway", "--config", config.to_str().unwrap()]);
         let mut proc = spawn(cmd, &format!("gateway-{port}"));

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 pub struct Proc {
     pub child: Child,
     pub name: String,
-    /// Where its stderr goes.
-    pub log: std::path::PathBuf,
+    /// Where its stderr goes; removed with it.
+    pub log: tempfile::TempPath,
 }
 
 impl Proc {
@@ -69,6 +69,17 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         self.kill();
+        // The log goes with the process; a failed test shows the end of it first.
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            eprintln!(
+                "--- the end of {}'s log ---\n{}",
+                self.name,
+                tail.join("\n")
+            );
+        }
     }
 }
 
@@ -112,8 +123,7 @@ pub fn kvgate() -> Command {
 }
 
 pub fn spawn(mut cmd: Command, name: &str) -> Proc {
-    let log = std::env::temp_dir().join(format!("kvgate-test-{name}-{}.log", std::process::id()));
-    let file = std::fs::File::create(&log).unwrap();
+    let (file, log) = temp_file(name, ".log").into_parts();
     cmd.stdout(Stdio::null())
         .stderr(file)
         .env("KVGATE_LOG", "info,pingora_core=warn");
@@ -122,6 +132,32 @@ pub fn spawn(mut cmd: Command, name: &str) -> Proc {
         name: name.to_string(),
         log,
     }
+}
+
+/// A new empty file in the system's temporary directory, removed when dropped (a test leaves
+/// nothing behind).
+pub fn temp_file(name: &str, suffix: &str) -> tempfile::NamedTempFile {
+    tempfile::Builder::new()
+        .prefix(&format!("kvgate-test-{name}-"))
+        .suffix(suffix)
+        .tempfile()
+        .unwrap()
+}
+
+/// A file holding `content` in the system's temporary directory, removed when dropped.
+pub fn temp_file_with(name: &str, suffix: &str, content: impl AsRef<[u8]>) -> tempfile::TempPath {
+    let path = temp_file(name, suffix).into_temp_path();
+    std::fs::write(&path, content).unwrap();
+    path
+}
+
+/// A new directory in the system's temporary directory, removed with what is in it when
+/// dropped.
+pub fn temp_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("kvgate-test-{name}-"))
+        .tempdir()
+        .unwrap()
 }
 
 /// A server's port was bound by another process before the server could listen on it.

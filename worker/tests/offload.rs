@@ -178,10 +178,12 @@ fn a_small_tier_keeps_the_head_of_a_prefix_and_drops_its_tail() {
     e.check_kv().unwrap();
 }
 
-fn disk_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("kvgate-offload-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+/// A new directory, removed with what is in it when dropped.
+fn disk_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("kvgate-offload-{name}-"))
+        .tempdir()
+        .unwrap()
 }
 
 /// The disk tier's block files in `dir`.
@@ -211,7 +213,8 @@ fn tiered_engine(model: &ModelFile, dir: &std::path::Path) -> Engine<CpuBackend>
 fn a_prefix_spread_over_host_and_disk_comes_back_whole_with_the_same_output() {
     let model = ModelFile::open(&common::default_model()).unwrap();
     let dir = disk_dir("spread");
-    let mut e = tiered_engine(&model, &dir);
+    let dir = dir.path();
+    let mut e = tiered_engine(&model, dir);
     let (a, b) = (prompt(1, 150), prompt(2, 310));
     let first = answer(&mut e, 1, &a);
     let evicting = answer(&mut e, 2, &b);
@@ -243,7 +246,7 @@ fn a_prefix_spread_over_host_and_disk_comes_back_whole_with_the_same_output() {
     assert_eq!(disk.failed_reads, 0);
     e.check_kv().unwrap();
     drop(e);
-    let left = block_files(&dir);
+    let left = block_files(dir);
     assert!(
         left.is_empty(),
         "a stopped engine leaves no block files: {left:?}"
@@ -254,12 +257,13 @@ fn a_prefix_spread_over_host_and_disk_comes_back_whole_with_the_same_output() {
 fn a_corrupted_disk_block_is_computed_again_not_served() {
     let model = ModelFile::open(&common::default_model()).unwrap();
     let dir = disk_dir("corrupt");
-    let mut e = tiered_engine(&model, &dir);
+    let dir = dir.path();
+    let mut e = tiered_engine(&model, dir);
     let (a, b) = (prompt(1, 150), prompt(2, 310));
     let first = answer(&mut e, 1, &a);
     answer(&mut e, 2, &b);
     // Flip one byte of every block file's K/V (past the 20-byte header).
-    for path in block_files(&dir) {
+    for path in block_files(dir) {
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[100] ^= 0x40;
         std::fs::write(&path, bytes).unwrap();
@@ -291,12 +295,13 @@ fn a_corrupted_disk_block_is_computed_again_not_served() {
 fn a_disk_tier_needs_the_host_tier_and_a_directory_of_its_own() {
     let model = ModelFile::open(&common::default_model()).unwrap();
     let dir = disk_dir("refusals");
-    let err = engine(&model).enable_disk_tier(&dir, 1 << 20).unwrap_err();
+    let dir = dir.path();
+    let err = engine(&model).enable_disk_tier(dir, 1 << 20).unwrap_err();
     assert!(err.contains("--kv-offload-mib"), "{err}");
-    let _first = tiered_engine(&model, &dir);
+    let _first = tiered_engine(&model, dir);
     let mut second = engine(&model);
     second.enable_offload_at(1 << 20, 0.1);
-    let err = second.enable_disk_tier(&dir, 1 << 20).unwrap_err();
+    let err = second.enable_disk_tier(dir, 1 << 20).unwrap_err();
     assert!(err.contains("in use by another worker"), "{err}");
 }
 

@@ -457,14 +457,15 @@ mod tests {
             "{errs:?}"
         );
         // An open fleet may start empty.
-        let token = std::env::temp_dir().join(format!("kvgate-token-{}", std::process::id()));
+        let token = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(&token, "t0ken\n").unwrap();
+        let token = token.path();
         let ok = parse_str(&format!(
             "listen: \"127.0.0.1:1\"\nadmin_listen: \"127.0.0.1:2\"\nreplicas: []\nagents: {{token_file: {}, join: open}}\n",
             token.display()
         ));
         assert!(ok.is_ok(), "{ok:?}");
-        assert_eq!(super::super::read_token(&token).unwrap(), "t0ken");
+        assert_eq!(super::super::read_token(token).unwrap(), "t0ken");
     }
 
     #[test]
@@ -487,8 +488,9 @@ mod tests {
             ],
             "{errs:?}"
         );
-        let token = std::env::temp_dir().join(format!("kvgate-peer-token-{}", std::process::id()));
+        let token = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(&token, "p33r\n").unwrap();
+        let token = token.path();
         let with = |urls: &str| {
             parse_str(&format!(
                 "{base}admin_listen: \"127.0.0.1:8081\"\npeers: {{urls: {urls}, token_file: {}}}\n",
@@ -528,8 +530,9 @@ mod tests {
         let errs = parse_str(&format!("{base}admin_listen: \"0.0.0.0:8081\"\n")).unwrap_err();
         assert_eq!(errs[0].path, "admin_token_file");
         assert!(parse_str(&format!("{base}admin_listen: \"127.0.0.1:8081\"\n")).is_ok());
-        let token = std::env::temp_dir().join(format!("kvgate-admin-token-{}", std::process::id()));
+        let token = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(&token, "s3cret\n").unwrap();
+        let token = token.path();
         let with_token = format!(
             "{base}admin_listen: \"0.0.0.0:8081\"\nadmin_token_file: {}\n",
             token.display()

@@ -259,17 +259,19 @@ mod tests {
         }
     }
 
-    fn temp_dir(name: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("kvgate-disk-tier-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        dir
+    /// A new directory, removed with what is in it when dropped.
+    fn temp_dir(name: &str) -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix(&format!("kvgate-disk-tier-{name}-"))
+            .tempdir()
+            .unwrap()
     }
 
     #[test]
     fn blocks_round_trip_and_the_least_recently_used_goes_first() {
         let dir = temp_dir("lru");
-        let mut tier = DiskTier::open(&dir, 3 * (HEADER + 100)).unwrap();
+        let dir = dir.path();
+        let mut tier = DiskTier::open(dir, 3 * (HEADER + 100)).unwrap();
         for h in 1..=3 {
             tier.put(h, &block((h > 1).then(|| h - 1), h as u8, 100));
         }
@@ -301,7 +303,8 @@ mod tests {
     #[test]
     fn a_corrupted_truncated_or_missing_file_is_dropped_not_served() {
         let dir = temp_dir("corrupt");
-        let mut tier = DiskTier::open(&dir, 1 << 20).unwrap();
+        let dir = dir.path();
+        let mut tier = DiskTier::open(dir, 1 << 20).unwrap();
         for h in 1..=3 {
             tier.put(h, &block(None, 7, 64));
         }
@@ -323,25 +326,26 @@ mod tests {
     #[test]
     fn a_directory_is_one_workers_and_left_over_blocks_are_removed() {
         let dir = temp_dir("lock");
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = dir.path();
         let left = dir.join(format!("{:016x}.{EXTENSION}", 9));
         std::fs::write(&left, b"from a killed worker").unwrap();
         std::fs::write(dir.join("notes.txt"), b"not ours").unwrap();
-        let first = DiskTier::open(&dir, 1 << 20).unwrap();
+        let first = DiskTier::open(dir, 1 << 20).unwrap();
         assert!(!left.exists(), "a block file left over is removed");
         assert!(dir.join("notes.txt").exists(), "other files are left alone");
-        let err = DiskTier::open(&dir, 1 << 20).unwrap_err();
+        let err = DiskTier::open(dir, 1 << 20).unwrap_err();
         assert!(err.contains("in use by another worker"), "{err}");
         drop(first);
-        assert!(DiskTier::open(&dir, 1 << 20).is_ok(), "free once closed");
+        assert!(DiskTier::open(dir, 1 << 20).is_ok(), "free once closed");
     }
 
     #[test]
     fn the_probe_reads_a_block_and_leaves_nothing() {
         let dir = temp_dir("probe");
-        let tier = DiskTier::open(&dir, 1 << 20).unwrap();
+        let dir = dir.path();
+        let tier = DiskTier::open(dir, 1 << 20).unwrap();
         assert!(tier.time_read(4096).unwrap() > Duration::ZERO);
-        let files: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        let files: Vec<_> = std::fs::read_dir(dir).unwrap().collect();
         assert_eq!(files.len(), 1, "only the lock file: {files:?}");
     }
 }
