@@ -2,6 +2,7 @@
 //! microseconds.
 
 mod handover;
+mod reports;
 
 use crate::config::SimConfig;
 use crate::exchange::Exchange;
@@ -421,16 +422,6 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// With the exchange on, gateway `g`'s last decision goes to the others.
-    fn share_decision(&mut self, g: usize) {
-        if let (Some(x), Some((to, features))) =
-            (&mut self.exchange, self.gateways[g].outbox.take())
-        {
-            let at = x.decided(g, to, features, self.now_us);
-            self.push(at, Event::Exchange);
-        }
-    }
-
     fn gateway_delay_us(&self, id: u64) -> u64 {
         let c = self.config;
         let jitter = match c.gateway_jitter_us {
@@ -580,39 +571,6 @@ impl<'a> Sim<'a> {
         }
         self.next_turn(sent.job);
         Ok(())
-    }
-
-    fn report(&mut self, replica: usize) {
-        let (report, update) =
-            self.replicas[replica].report(&self.config.model, self.config.block_size);
-        self.reports_in_flight.push_back((replica, report, update));
-        let at = self.now_us + self.config.report_delay_ms * 1_000;
-        self.push(at, Event::Deliver);
-    }
-
-    fn deliver(&mut self) {
-        let Some((replica, report, update)) = self.reports_in_flight.pop_front() else {
-            return;
-        };
-        let now_ms = self.now_us / 1_000;
-        for gateway in &mut self.gateways {
-            if gateway.report(replica, &report, &update, now_ms) {
-                self.replicas[replica].needs_snapshot = true;
-            }
-        }
-    }
-
-    /// Gateway `g`'s backlog changed: with the exchange on, it tells the others within the
-    /// exchange's delay (the push interval of a real gateway).
-    fn backlog_changed(&mut self, g: usize) {
-        let now = self.now_us;
-        if let Some(at) = self
-            .exchange
-            .as_mut()
-            .and_then(|x| x.backlog_changed(g, now))
-        {
-            self.push(at, Event::Backlog { gateway: g });
-        }
     }
 
     fn sample(&mut self) {
