@@ -358,12 +358,10 @@ impl Policy {
             .session
             .and_then(|s| self.sessions.get(s, features.now_ms, c.session_ttl_ms));
         // A session's own history serves only its next turn: moving it costs that turn alone.
-        // Recomputing costs the fleet that prefill, which delays others only where others
-        // wait: the penalty weighs by the share of replicas with prefill queued.
         let penalty = if hot || features.session.is_some() {
             0.0
         } else {
-            c.recompute_penalty * f64::from(load.prefilling) / f64::from(load.healthy)
+            c.recompute_penalty
         };
         // A session's first request places every turn to come, where its own history will be
         // worth more than a copy of what its group's holders have: like a hot group's, that

@@ -1,6 +1,5 @@
 //! The default policy's recompute rule: a prefix another replica holds costs its recompute
-//! `1 + recompute_penalty` times the share of replicas with prefill queued, unless its group is
-//! hot or the request is a session's.
+//! `1 + recompute_penalty` times, unless its group is hot or the request is a session's.
 
 use super::*;
 
@@ -21,14 +20,10 @@ fn prompt(tokens: u64) -> RequestFeatures {
     }
 }
 
-/// Replica 0 holds the prompt, with `backlog` tokens ahead; of the others, the `busy` last
-/// have `busy_backlog` ahead, the rest are idle.
-fn held_by_first(backlog: u64, n: usize, busy: usize, busy_backlog: u64) -> Vec<ReplicaView> {
+/// Replica 0 holds the prompt, with `backlog` tokens ahead; the others are idle.
+fn held_by_first(backlog: u64, n: usize) -> Vec<ReplicaView> {
     let mut fleet = view(&vec![1; n]);
     fleet[0].prefill_backlog = backlog;
-    for r in &mut fleet[n - busy..] {
-        r.prefill_backlog = busy_backlog;
-    }
     fleet
 }
 
@@ -103,15 +98,14 @@ fn a_sessions_history_moves_without_the_recompute_penalty() {
     for (session, stays) in [(None, true), (Some(42), false)] {
         let mut p = policy_with(2, prefill_only());
         p.record(ReplicaId(0), &f);
-        // 1,500 tokens ahead at the holder; 1,000 elsewhere, twice that with the penalty (one
-        // replica of two busy).
+        // 1,500 tokens ahead at the holder; 1,000 elsewhere, three times that with the penalty.
         let d = p.select(
             &RequestFeatures {
                 session,
                 ..f.clone()
             },
             FleetView {
-                replicas: &held_by_first(1_500, 2, 0, 0),
+                replicas: &held_by_first(1_500, 2),
             },
         );
         assert_eq!(d.ranked[0].replica == ReplicaId(0), stays, "{session:?}");
@@ -124,7 +118,7 @@ fn a_sessions_first_request_counts_what_its_groups_holders_have_as_held_everywhe
     let mut p = policy_with(4, PolicyConfig::default());
     p.record(ReplicaId(0), &f);
     // The holder has 600 tokens queued: less than the prompt, more than nothing.
-    let fleet = held_by_first(600, 4, 0, 0);
+    let fleet = held_by_first(600, 4);
     let view = FleetView { replicas: &fleet };
     let plain = p.select(&f, view);
     assert_eq!(plain.ranked[0].replica, ReplicaId(0));
@@ -150,46 +144,23 @@ fn a_sessions_first_request_counts_what_its_groups_holders_have_as_held_everywhe
     assert!(!next.opens_session);
 }
 
-#[test]
-fn a_holder_keeps_its_group_longer_while_the_fleet_is_busy() {
-    // 1,000 tokens to recompute elsewhere; 1,800 queued at the holder. One replica of four
-    // busy: counted 1 + 2/4 times, 1,500, so the group spills to an idle replica. All four
-    // busy (the others with more queued than the holder): 1 + 2 times, and it stays.
-    let f = prompt(1_000);
-    for (busy, stays) in [(0, false), (3, true)] {
-        let mut p = policy_with(4, prefill_only());
-        p.record(ReplicaId(0), &f);
-        let fleet = held_by_first(1_800, 4, busy, 2_000);
-        let d = p.select(&f, FleetView { replicas: &fleet });
-        assert_eq!(d.ranked[0].replica == ReplicaId(0), stays, "{busy} busy");
-    }
-}
-
 proptest! {
     /// A group that is not hot stays with its holder while the backlog there is shorter than
-    /// the least backlog elsewhere plus the prompt's recompute counted `1 + recompute_penalty
-    /// * busy share` times, and spills past that.
+    /// the prompt's recompute counted `1 + recompute_penalty` times, and spills past that.
     #[test]
     fn a_holder_keeps_its_group_up_to_the_penalised_recompute(
         tokens in 64u64..20_000,
         share in 0.0f64..2.0,
         n in 2usize..9,
-        busy in 0usize..8,
-        busy_backlog in 1u64..40_000,
     ) {
-        let busy = busy.min(n - 1);
         let mut p = policy_with(n as u32, prefill_only());
         let f = prompt(tokens);
         p.record(ReplicaId(0), &f);
-        let elsewhere = if busy == n - 1 { busy_backlog } else { 0 };
-        let backlog = (share * (elsewhere + tokens * 3) as f64) as u64;
-        let queued = usize::from(backlog > 0) + busy;
-        let penalty = p.config().recompute_penalty * queued as f64 / n as f64;
-        let spill = elsewhere as f64 + tokens as f64 * (1.0 + penalty);
-        prop_assume!((backlog as f64 - spill).abs() > 1.0);
-        let fleet = held_by_first(backlog, n, busy, busy_backlog);
-        let d = p.select(&f, FleetView { replicas: &fleet });
-        prop_assert_eq!(d.ranked[0].replica == ReplicaId(0), (backlog as f64) < spill);
+        let recompute = tokens as f64 * (1.0 + p.config().recompute_penalty);
+        let backlog = (share * recompute) as u64;
+        prop_assume!((backlog as f64 - recompute).abs() > 1.0);
+        let d = p.select(&f, FleetView { replicas: &held_by_first(backlog, n) });
+        prop_assert_eq!(d.ranked[0].replica == ReplicaId(0), (backlog as f64) < recompute);
     }
 
     /// Two gateways told the same decisions (their own, or a peer's) rank alike: the group
