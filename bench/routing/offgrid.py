@@ -16,9 +16,11 @@ cell, the geometric mean, and how many cells are over 1.05 and 1.25 of the best 
 OUT/cN/ (kvgate sim's results; a cell already there is not run again) and OUT/offgrid.json.
 
 Usage: bench/routing/offgrid.py [--draw 2] [--cells 100] [--seeds 4] [--jobs 2] [--out DIR]
-                                [--caps-from DIR] [--kvgate BINARY]
+                                [--caps-from DIR] [--kvgate BINARY] [--try POLICY.yaml ...]
 --caps-from takes each cell's capacity from an earlier run's OUT, so that two builds are
-offered the same arrivals (a capacity is measured with the build's own default).
+offered the same arrivals (a capacity is measured with the build's own default). --try runs
+kvgate policy files on every cell too, on the same arrivals, and prints and sums up each one's
+P90 over the best peer's beside the default's.
 """
 import argparse, concurrent.futures, json, os, random, statistics, subprocess, sys
 
@@ -64,12 +66,16 @@ def flags(shape, seed):
             "--requests", str(requests), "--seed", str(seed), "--quiet", *workload]
 
 
+def name_of(policy):
+    return os.path.basename(policy).rsplit(".", 1)[0]
+
+
 def run(args, out, policies):
-    if not all(os.path.exists(os.path.join(out, p, "summary.json")) for p in policies):
+    if not all(os.path.exists(os.path.join(out, name_of(p), "summary.json")) for p in policies):
         for p in policies:
             args = args + ["--policy", p]
         grid.sim(args, out)
-    return {p: grid.summary(out, p) for p in policies}
+    return {name_of(p): grid.summary(out, name_of(p)) for p in policies}
 
 
 def capacity(shape, out):
@@ -85,16 +91,20 @@ def run_cell(index, shape, args):
     per_seed = []
     for seed in range(1, args.seeds + 1):
         s = run(flags(shape, seed) + ["--rate", f"{shape['load'] * cap:.6g}"],
-                os.path.join(out, f"seed{seed}"), ["kvgate", *grid.PEERS])
+                os.path.join(out, f"seed{seed}"), ["kvgate", *grid.PEERS, *args.tries])
         best = min(grid.PEERS, key=lambda p: s[p]["ttft_s"]["p90"])
         cached = max(s[p]["cached_token_ratio"] for p in grid.PEERS)
         per_seed.append({
             "p90_over_best_peer": s["kvgate"]["ttft_s"]["p90"] / s[best]["ttft_s"]["p90"],
             "cached_over_best_peer": s["kvgate"]["cached_token_ratio"] / cached if cached else 1.0,
             "best_peer": best,
+            "tries": {name_of(t): s[name_of(t)]["ttft_s"]["p90"] / s[best]["ttft_s"]["p90"]
+                      for t in args.tries},
         })
     ratios = [r["p90_over_best_peer"] for r in per_seed]
     return {
+        "tries": {name_of(t): statistics.median(r["tries"][name_of(t)] for r in per_seed)
+                  for t in args.tries},
         "shape": describe(shape),
         "p90_over_best_peer": statistics.median(ratios),
         "per_seed": [round(r, 3) for r in ratios],
@@ -112,6 +122,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(grid.ROOT, "target", "offgrid"))
     ap.add_argument("--caps-from")
     ap.add_argument("--kvgate", default=grid.KVGATE)
+    ap.add_argument("--try", dest="tries", nargs="*", default=[], metavar="POLICY.yaml")
     args = ap.parse_args()
     grid.KVGATE = args.kvgate
     os.makedirs(args.out, exist_ok=True)
@@ -123,8 +134,10 @@ def main():
         for i, f in enumerate(futures):
             c = f.result()
             cells.append(c)
+            tried = "".join(f" {t} {r:.2f}" for t, r in c["tries"].items())
             print(f"c{i:<3} {c['shape']:<72} {c['p90_over_best_peer']:.2f} {c['per_seed']} "
-                  f"cached {c['cached_over_best_peer']:.2f} best {c['best_peer']}", flush=True)
+                  f"cached {c['cached_over_best_peer']:.2f} best {c['best_peer']}{tried}",
+                  flush=True)
     p90 = [c["p90_over_best_peer"] for c in cells]
     summary = {
         "cells": len(cells),
@@ -133,6 +146,10 @@ def main():
         "over_1_05": sum(r > 1.05 for r in p90),
         "over_1_25": sum(r > 1.25 for r in p90),
         "cached_under_0_95": sum(c["cached_over_best_peer"] < 0.95 for c in cells),
+        "tries": {name_of(t): {"geometric_mean": statistics.geometric_mean(
+                                   c["tries"][name_of(t)] for c in cells),
+                               "over_1_25": sum(c["tries"][name_of(t)] > 1.25 for c in cells)}
+                  for t in args.tries},
     }
     print(json.dumps(summary))
     with open(os.path.join(args.out, "offgrid.json"), "w") as f:
