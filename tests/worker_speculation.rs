@@ -35,8 +35,8 @@ fn request(extra: serde_json::Value) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_speculative_worker_answers_as_a_plain_one() {
     let plain = SimWorker::start_cpu(&CPU).await;
-    let cut = TempModel::cut(2);
-    let cut_path = cut.0.display().to_string();
+    let cut = cut_model(2);
+    let cut_path = cut.display().to_string();
     let draft = ["--spec-method", "draft", "--spec-draft-model", &cut_path];
     let fast = [
         (
@@ -71,26 +71,11 @@ async fn a_speculative_worker_answers_as_a_plain_one() {
     }
 }
 
-/// A model file written for a test, removed with it.
-struct TempModel(std::path::PathBuf);
-
-impl TempModel {
-    fn path(name: &str) -> TempModel {
-        TempModel(std::env::temp_dir().join(format!("kvgate-{}-{name}", std::process::id())))
-    }
-
-    /// The default model cut to its first `layers` layers.
-    fn cut(layers: usize) -> TempModel {
-        let model = TempModel::path(&format!("cut-{layers}.gguf"));
-        kvgate_worker::model::cut_layers(&default_model(), &model.0, layers).unwrap();
-        model
-    }
-}
-
-impl Drop for TempModel {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
+/// The default model cut to its first `layers` layers, in a file removed when dropped.
+fn cut_model(layers: usize) -> tempfile::TempPath {
+    let model = temp_file(&format!("cut-{layers}"), ".gguf").into_temp_path();
+    kvgate_worker::model::cut_layers(&default_model(), &model, layers).unwrap();
+    model
 }
 
 fn default_model() -> std::path::PathBuf {
@@ -101,14 +86,14 @@ fn default_model() -> std::path::PathBuf {
 /// on a real backend, a draft model on the sim backend) stops at start, saying why.
 #[test]
 fn a_drafter_the_backend_cannot_run_stops_the_worker_at_start() {
-    let other_vocabulary = TempModel::path("vocab.gguf");
-    kvgate_worker::model::rewrite(&default_model(), &other_vocabulary.0, |g| {
+    let other_vocabulary = temp_file("vocab", ".gguf").into_temp_path();
+    kvgate_worker::model::rewrite(&default_model(), &other_vocabulary, |g| {
         let size = kvgate_worker::model::gguf::Value::U32(32_000);
         g.metadata.insert("llama.vocab_size".into(), size);
         Ok(())
     })
     .unwrap();
-    let vocab = other_vocabulary.0.display().to_string();
+    let vocab = other_vocabulary.display().to_string();
     let draft =
         |model: &str| ["--spec-method", "draft", "--spec-draft-model", model].map(String::from);
     let modelled = ["--spec-method", "sim", "--spec-acceptance", "0.5"].map(String::from);

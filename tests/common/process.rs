@@ -1,5 +1,5 @@
 //! The test processes: the `kvgate` binary started on free loopback ports, waited for and
-//! stopped with the test.
+//! stopped with the test; and the temporary files they are given, removed with it.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};

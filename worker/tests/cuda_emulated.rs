@@ -13,7 +13,7 @@ mod common;
 #[path = "common/emulator.rs"]
 mod emulator;
 
-use common::{default_model, golden, ids, TempFile};
+use common::{default_model, golden, ids, temp_file};
 use kvgate_worker::backend::cpu::{CpuBackend, CpuConfig};
 use kvgate_worker::backend::cuda::gpu::Gpu;
 use kvgate_worker::backend::cuda::{CudaBackend, CudaConfig};
@@ -25,7 +25,7 @@ use std::sync::Arc;
 struct Pair {
     cpu: CpuBackend,
     gpu: CudaBackend,
-    _model: TempFile,
+    _model: tempfile::TempPath,
 }
 
 /// The emulator for heads of 64 (the model's), or `None`, said loudly, where g++ cannot
@@ -49,11 +49,11 @@ fn emulator() -> Option<emulator::Emulator> {
 
 fn backends(name: &str) -> Option<Pair> {
     let emulator = emulator()?;
-    let cut = TempFile::new(&format!("{name}-2-layers.gguf"));
-    cut_layers(&default_model(), &cut.0, 2).unwrap();
-    let model = ModelFile::open(&cut.0).unwrap();
+    let cut = temp_file(&format!("{name}-2-layers.gguf"));
+    cut_layers(&default_model(), &cut, 2).unwrap();
+    let model = ModelFile::open(&cut).unwrap();
     let cpu = CpuBackend::load(
-        &cut.0,
+        &cut,
         &model,
         &CpuConfig {
             threads: 1,
@@ -67,7 +67,7 @@ fn backends(name: &str) -> Option<Pair> {
         memory_utilization: 0.1,
         block_size: 16,
     };
-    let gpu = CudaBackend::on(Arc::new(emulator), &cut.0, &model, &config).unwrap();
+    let gpu = CudaBackend::on(Arc::new(emulator), &cut, &model, &config).unwrap();
     Some(Pair {
         cpu,
         gpu,

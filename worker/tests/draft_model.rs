@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Free, TempFile};
+use common::{temp_file, Free};
 use kvgate_worker::backend::cpu::kv_cache::KvCache;
 use kvgate_worker::backend::Backend;
 use kvgate_worker::model::gguf::Value;
@@ -66,13 +66,13 @@ fn run(
 fn the_target_drafting_for_itself_is_almost_always_right_and_a_cut_copy_less() {
     let model = model();
     let prompts: Vec<Vec<u32>> = common::golden().cases.iter().map(common::ids).collect();
-    let cut = TempFile::new("cut-2.gguf");
-    cut_layers(&common::default_model(), &cut.0, 2).unwrap();
+    let cut = temp_file("cut-2.gguf");
+    cut_layers(&common::default_model(), &cut, 2).unwrap();
     let flat = StepCosts::from_points(vec![(1, 1.0), (512, 1.0)]).unwrap();
     let mut e = common::engine(&model, 2);
     let (plain, _) = run(&mut e, &prompts, 1);
     let mut rates = Vec::new();
-    for draft in [common::default_model(), cut.0.clone()] {
+    for draft in [common::default_model(), cut.to_path_buf()] {
         let config = draft_config(&draft);
         let drafter = e.backend_mut().drafter(&config.method).unwrap();
         e.enable_speculation_at(config, Box::new(Free(drafter)), flat.clone());
@@ -101,12 +101,12 @@ fn the_target_drafting_for_itself_is_almost_always_right_and_a_cut_copy_less() {
 fn the_draft_cache_gives_every_block_back_and_makes_room_for_new_requests() {
     let model = model();
     let backend = common::backend(&model, 2);
-    let cut = TempFile::new("cut-1.gguf");
-    cut_layers(&common::default_model(), &cut.0, 1).unwrap();
+    let cut = temp_file("cut-1.gguf");
+    cut_layers(&common::default_model(), &cut, 1).unwrap();
     // Room for about three 100-token requests at a time.
     // One layer, 3 KV heads of 64.
     let bytes_per_block = KvCache::bytes_per_token(1, 192) * 16;
-    let mut d = backend.draft_model(&cut.0, 20 * bytes_per_block).unwrap();
+    let mut d = backend.draft_model(&cut, 20 * bytes_per_block).unwrap();
     assert_eq!(d.total_blocks(), 20);
     let contexts: Vec<Vec<u32>> = (0..8u32)
         .map(|r| (0..100).map(|i| 200 + (i * 31 + r * 7) % 5000).collect())
@@ -179,29 +179,29 @@ fn a_draft_model_the_target_cannot_use_is_refused_with_why() {
         "{e}"
     );
 
-    let junk = TempFile::new("junk.gguf");
-    std::fs::write(&junk.0, b"this is not a model").unwrap();
-    let e = refused(&mut backend, &junk.0);
+    let junk = temp_file("junk.gguf");
+    std::fs::write(&junk, b"this is not a model").unwrap();
+    let e = refused(&mut backend, &junk);
     assert!(
         e.contains("draft model") && e.contains("not a GGUF file"),
         "{e}"
     );
 
-    let smaller = TempFile::new("vocab.gguf");
-    rewrite(&src, &smaller.0, |g| {
+    let smaller = temp_file("vocab.gguf");
+    rewrite(&src, &smaller, |g| {
         g.metadata
             .insert("llama.vocab_size".into(), Value::U32(32_000));
         Ok(())
     })
     .unwrap();
-    let e = refused(&mut backend, &smaller.0);
+    let e = refused(&mut backend, &smaller);
     assert!(
         e.contains("32000 tokens") && e.contains("the target's 49152"),
         "{e}"
     );
 
-    let renamed = TempFile::new("tokens.gguf");
-    rewrite(&src, &renamed.0, |g| {
+    let renamed = temp_file("tokens.gguf");
+    rewrite(&src, &renamed, |g| {
         let Some(Value::Array(tokens)) = g.metadata.get_mut("tokenizer.ggml.tokens") else {
             return Err("no tokens".into());
         };
@@ -210,7 +210,7 @@ fn a_draft_model_the_target_cannot_use_is_refused_with_why() {
         Ok(())
     })
     .unwrap();
-    let e = refused(&mut backend, &renamed.0);
+    let e = refused(&mut backend, &renamed);
     assert!(e.contains("differs") && e.contains("token 1000"), "{e}");
 
     let e = backend

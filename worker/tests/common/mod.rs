@@ -250,19 +250,14 @@ pub fn run<B: kvgate_worker::backend::Backend>(
     out
 }
 
-/// A file in the temporary directory, removed when dropped.
-pub struct TempFile(pub PathBuf);
-
-impl TempFile {
-    pub fn new(name: &str) -> TempFile {
-        TempFile(std::env::temp_dir().join(format!("kvgate-{}-{name}", std::process::id())))
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
+/// A path in the temporary directory for a file named `…-name`, removed when dropped.
+pub fn temp_file(name: &str) -> tempfile::TempPath {
+    tempfile::Builder::new()
+        .prefix("kvgate-")
+        .suffix(&format!("-{name}"))
+        .tempfile()
+        .unwrap()
+        .into_temp_path()
 }
 
 /// A drafter whose drafts are taken as free, so that every one is verified (the engine would
