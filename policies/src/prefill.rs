@@ -15,7 +15,6 @@ pub(crate) struct PromptWork {
     /// recompute counts besides itself.
     most_held: f64,
     recompute_penalty: f64,
-    pub floor: f64,
 }
 
 impl PromptWork {
@@ -25,7 +24,6 @@ impl PromptWork {
             blocks: blocks as f64,
             most_held: 0.0,
             recompute_penalty: 0.0,
-            floor: 0.0,
         }
     }
 
@@ -51,16 +49,15 @@ impl PromptWork {
     }
 
     /// The prefill ahead of this request's first token on `r`: its backlog and the part of
-    /// the prompt it does not hold, that part's recompute of what another holds penalised by
-    /// the share of it that would evict a prefix in use there.
+    /// the prompt it does not hold, that part's recompute of what another holds penalised.
     pub fn ahead_on(&self, r: &ReplicaView, held: f64) -> u64 {
-        let uncached = self.uncached(held);
-        let recompute = uncached.saturating_sub(self.uncached(self.most_held));
-        let w = evicting_share(r, uncached).max(self.floor);
-        let penalty = recompute as f64 * self.recompute_penalty * w;
+        let recompute = self
+            .uncached(held)
+            .saturating_sub(self.uncached(self.most_held));
+        let penalty = (recompute as f64 * self.recompute_penalty).round() as u64;
         r.prefill_backlog
-            .saturating_add(uncached)
-            .saturating_add(penalty.round() as u64)
+            .saturating_add(self.uncached(held))
+            .saturating_add(penalty)
     }
 
     /// The signal: `(least + prompt) / (work + prompt)`, 1 for the replica with the least work,
@@ -68,19 +65,6 @@ impl PromptWork {
     pub fn relative(&self, least: u64, work: u64) -> f64 {
         let prompt = self.tokens.max(1) as f64;
         (least as f64 + prompt) / (work as f64 + prompt)
-    }
-}
-
-/// The share of `tokens` new to `r` that would take the place of a prefix in use there: what
-/// its spare blocks cannot hold, less what the gateway has sent it since its report (the
-/// backlog, not yet in its blocks). All of it when its engine does not say.
-fn evicting_share(r: &ReplicaView, tokens: u64) -> f64 {
-    match r.kv_spare_tokens {
-        Some(spare) if tokens > 0 => {
-            let spare = spare.saturating_sub(r.prefill_backlog);
-            tokens.saturating_sub(spare) as f64 / tokens as f64
-        }
-        _ => 1.0,
     }
 }
 
