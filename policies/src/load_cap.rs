@@ -13,6 +13,8 @@ pub(crate) struct FleetLoad {
     pub busiest: u32,
     /// The fewest prompt blocks (or chunks) any healthy replica holds.
     pub least_held: f64,
+    /// TRY
+    pub prefilling: u32,
 }
 
 impl FleetLoad {
@@ -24,6 +26,7 @@ impl FleetLoad {
             idlest: u32::MAX,
             busiest: 0,
             least_held: f64::INFINITY,
+            prefilling: 0,
         };
         replicas
             .filter(|r| r.healthy)
@@ -33,6 +36,7 @@ impl FleetLoad {
                 idlest: f.idlest.min(r.in_flight),
                 busiest: f.busiest.max(r.in_flight.saturating_add(r.waiting)),
                 least_held: f.least_held.min(held[r.id.0 as usize]),
+                prefilling: f.prefilling + u32::from(r.prefill_backlog > 0),
             })
     }
 }
