@@ -21,11 +21,6 @@ mod tiers;
 mod traffic;
 
 pub use config::{PolicyConfig, Weights};
-/// TRY: experiment switch.
-pub fn try_mode() -> &'static str {
-    static MODE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    MODE.get_or_init(|| std::env::var("KVGATE_TRY_SPARE").unwrap_or_default())
-}
 pub use fleet::{FleetView, ReplicaId, ReplicaView, RequestFeatures};
 pub use fleet_state::{
     Ask, Ejection, FailureOutcome, FleetState, NoRoute, ReportOutcome, RequestId,

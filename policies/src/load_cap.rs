@@ -13,8 +13,6 @@ pub(crate) struct FleetLoad {
     pub busiest: u32,
     /// The fewest prompt blocks (or chunks) any healthy replica holds.
     pub least_held: f64,
-    /// TRY
-    pub prefilling: u32,
 }
 
 impl FleetLoad {
@@ -26,7 +24,6 @@ impl FleetLoad {
             idlest: u32::MAX,
             busiest: 0,
             least_held: f64::INFINITY,
-            prefilling: 0,
         };
         replicas
             .filter(|r| r.healthy)
@@ -36,7 +33,6 @@ impl FleetLoad {
                 idlest: f.idlest.min(r.in_flight),
                 busiest: f.busiest.max(r.in_flight.saturating_add(r.waiting)),
                 least_held: f.least_held.min(held[r.id.0 as usize]),
-                prefilling: f.prefilling + u32::from(r.prefill_backlog > 0),
             })
     }
 }

@@ -15,7 +15,6 @@ pub(crate) struct PromptWork {
     /// recompute counts besides itself.
     most_held: f64,
     recompute_penalty: f64,
-    pub floor: f64,
 }
 
 impl PromptWork {
@@ -25,7 +24,6 @@ impl PromptWork {
             blocks: blocks as f64,
             most_held: 0.0,
             recompute_penalty: 0.0,
-            floor: 0.0,
         }
     }
 
@@ -51,16 +49,15 @@ impl PromptWork {
     }
 
     /// The prefill ahead of this request's first token on `r`: its backlog and the part of
-    /// the prompt it does not hold, that part's recompute of what another holds penalised by
-    /// the share of it that would evict a prefix in use there.
+    /// the prompt it does not hold, that part's recompute of what another holds penalised.
     pub fn ahead_on(&self, r: &ReplicaView, held: f64) -> u64 {
-        let uncached = self.uncached(held);
-        let recompute = uncached.saturating_sub(self.uncached(self.most_held));
-        let w = evicting_share(r).max(self.floor);
-        let penalty = recompute as f64 * self.recompute_penalty * w;
+        let recompute = self
+            .uncached(held)
+            .saturating_sub(self.uncached(self.most_held));
+        let penalty = (recompute as f64 * self.recompute_penalty).round() as u64;
         r.prefill_backlog
-            .saturating_add(uncached)
-            .saturating_add(penalty.round() as u64)
+            .saturating_add(self.uncached(held))
+            .saturating_add(penalty)
     }
 
     /// The signal: `(least + prompt) / (work + prompt)`, 1 for the replica with the least work,
@@ -69,18 +66,6 @@ impl PromptWork {
         let prompt = self.tokens.max(1) as f64;
         (least as f64 + prompt) / (work as f64 + prompt)
     }
-}
-
-/// TRY
-fn evicting_share(r: &ReplicaView) -> f64 {
-    static SCALE: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    let scale = *SCALE.get_or_init(|| {
-        std::env::var("KVGATE_TRY_CHURN_SCALE")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(1.0)
-    });
-    r.kv_churn.map_or(1.0, |c| (c * scale).min(1.0))
 }
 
 #[cfg(test)]

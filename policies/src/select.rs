@@ -370,11 +370,8 @@ impl Policy {
         let shared = group
             .filter(|_| hot || opens_session)
             .map_or(0.0, |g| g.least);
-        let mut prompt = PromptWork::new(features.prompt_tokens, blocks)
+        let prompt = PromptWork::new(features.prompt_tokens, blocks)
             .with_recompute_penalty(most_held, penalty);
-        if crate::try_mode() == "max-busy" {
-            prompt.floor = f64::from(load.prefilling) / f64::from(load.healthy);
-        }
         let least_work = fleet
             .replicas
             .iter()

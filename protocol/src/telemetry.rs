@@ -90,10 +90,6 @@ pub struct EngineLoad {
     pub kv_blocks_used: u64,
     /// Tokens per KV block (0 when the engine does not say).
     pub block_size: u32,
-    /// The share of its recent block allocations that evicted a prefix a request had reused,
-    /// when the engine says (the kvgate worker does): what a new prefix there will cost others.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kv_churn: Option<f64>,
     /// Speculative decoding's counters since the engine started, when it speculates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<SpecCounters>,

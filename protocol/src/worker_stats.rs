@@ -29,11 +29,6 @@ pub struct EngineStats {
     pub kv_blocks_free: usize,
     /// Free blocks still holding a cached prefix (reusable until evicted).
     pub kv_blocks_cached: usize,
-    /// The share of recent block allocations (over about the pool's size of them) that evicted
-    /// a block some request had reused: 0 where new prompts take empty blocks or ones no
-    /// request came back to, near 1 where they push out prefixes in use.
-    #[serde(default)]
-    pub kv_churn: f64,
     pub block_size: usize,
     pub preemptions: u64,
     pub prompt_tokens: u64,

@@ -237,11 +237,6 @@ impl KvManager {
         self.pool.borrow().cached_blocks()
     }
 
-    /// The share of recent allocations that evicted a block a request had reused.
-    pub fn churn(&self) -> f64 {
-        self.pool.borrow().churn()
-    }
-
     pub fn cached_hashes(&self) -> Vec<u64> {
         self.pool.borrow().cached_hashes()
     }

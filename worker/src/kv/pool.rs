@@ -5,15 +5,9 @@
 //! tail, so the least recently used is evicted first; a freed uncached block goes to the head,
 //! so it is reused before any cached one. Allocation pops the head and drops its hash then.
 //! Block 0 is a null placeholder that is never handed out.
-//!
-//! The pool also keeps its churn: the share of blocks it caches that it had evicted not long
-//! before (within its own size of evictions). Where that is near 0 a new prefix takes the
-//! place of blocks nobody came back to; where it is high the cache is too small for what is
-//! asked of it, and whatever comes in pushes out a prefix that will be computed again.
 
 use kvgate_protocol::kv_events::{KvEvent, Tier};
 use kvgate_protocol::HashKeyMap;
-use std::collections::VecDeque;
 
 /// Index of a block in the pool.
 pub type BlockId = u32;
@@ -37,13 +31,6 @@ pub struct BlockPool {
     head: u32,
     tail: u32,
     free_count: usize,
-    /// Hashes evicted lately, by their eviction's number, oldest first in `ghost_order`.
-    ghosts: HashKeyMap<u64>,
-    ghost_order: VecDeque<(u64, u64)>,
-    evictions: u64,
-    /// Blocks cached again soon after their eviction, as a moving average over about the
-    /// pool's size of cached blocks.
-    churn: f64,
     by_hash: HashKeyMap<BlockId>,
     events: Vec<KvEvent>,
     /// Cached blocks taken for reuse since the last call to `take_evicted`, while kept.
@@ -76,10 +63,6 @@ impl BlockPool {
             head: NIL,
             tail: NIL,
             free_count: 0,
-            ghosts: HashKeyMap::default(),
-            ghost_order: VecDeque::new(),
-            evictions: 0,
-            churn: 0.0,
             by_hash: HashKeyMap::default(),
             events: Vec::new(),
             evicted: None,
@@ -93,11 +76,6 @@ impl BlockPool {
     /// Blocks that can be handed out (free, including evictable cached ones).
     pub fn free_blocks(&self) -> usize {
         self.free_count
-    }
-
-    /// The share of blocks cached lately that the pool had evicted not long before.
-    pub fn churn(&self) -> f64 {
-        self.churn
     }
 
     /// Usable blocks (all but the null block).
@@ -124,7 +102,6 @@ impl BlockPool {
         let parent = self.blocks[id as usize].parent.take();
         if let Some(hash) = self.blocks[id as usize].hash.take() {
             self.by_hash.remove(&hash);
-            self.remember_evicted(hash);
             if let Some(evicted) = &mut self.evicted {
                 evicted.push(Evicted { id, hash, parent });
             }
@@ -180,8 +157,6 @@ impl BlockPool {
         self.blocks[id as usize].hash = Some(hash);
         self.blocks[id as usize].parent = parent;
         self.by_hash.insert(hash, id);
-        let again = f64::from(u8::from(self.ghosts.remove(&hash).is_some()));
-        self.churn += (again - self.churn) / self.total_blocks() as f64;
         match self.events.last_mut() {
             // Consecutive blocks of one chain become one event.
             Some(KvEvent::Stored { hashes, .. }) if hashes.last() == parent.as_ref() => {
@@ -220,8 +195,6 @@ impl BlockPool {
             evicted.clear();
         }
         self.by_hash.clear();
-        self.ghosts.clear();
-        self.ghost_order.clear();
         self.events.push(KvEvent::AllCleared);
     }
 
@@ -283,20 +256,6 @@ impl BlockPool {
             return Err("index names a block without a hash".into());
         }
         Ok(())
-    }
-
-    /// Keeps an evicted hash among the last pool-size evictions.
-    fn remember_evicted(&mut self, hash: u64) {
-        self.evictions += 1;
-        self.ghosts.insert(hash, self.evictions);
-        self.ghost_order.push_back((hash, self.evictions));
-        while self.ghost_order.len() > self.total_blocks() {
-            if let Some((old, when)) = self.ghost_order.pop_front() {
-                if self.ghosts.get(&old) == Some(&when) {
-                    self.ghosts.remove(&old);
-                }
-            }
-        }
     }
 
     fn unlink(&mut self, id: u32) {
@@ -382,32 +341,6 @@ mod tests {
         );
         assert_eq!(pool.allocate(), None);
         pool.check(&[0, 1, 1, 1]).unwrap();
-    }
-
-    #[test]
-    fn churn_is_the_share_of_cached_blocks_evicted_shortly_before() {
-        let mut pool = BlockPool::new(3); // 2 usable: the average is over about 2 blocks
-        let cache = |pool: &mut BlockPool, hash| {
-            let id = pool.allocate().unwrap();
-            assert!(pool.cache(id, hash, None));
-            pool.release(id);
-        };
-        cache(&mut pool, 10);
-        cache(&mut pool, 11);
-        cache(&mut pool, 12); // evicts 10
-        assert_eq!(pool.churn(), 0.0);
-        cache(&mut pool, 10); // evicts 11; 10 comes back
-        assert_eq!(pool.churn(), 0.5);
-        cache(&mut pool, 13); // evicts 12; a new block
-        assert_eq!(pool.churn(), 0.25);
-        // The ghosts are the last two evictions (11, 12): 10's was dropped with its return.
-        cache(&mut pool, 14); // evicts 10
-        cache(&mut pool, 15); // evicts 13: ghosts 10, 13
-        cache(&mut pool, 11); // evicts 14: 11 is no longer a ghost
-        assert_eq!(pool.churn(), 0.25 / 8.0);
-        pool.clear_cache();
-        assert!(pool.ghosts.is_empty() && pool.ghost_order.is_empty());
-        pool.check(&[0; 3]).unwrap();
     }
 
     #[test]
