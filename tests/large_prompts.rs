@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A chat body whose user message is `bytes` long, made of common words.
 fn long_chat(bytes: usize) -> serde_json::Value {
@@ -32,24 +32,34 @@ async fn chat_post(url: &str, body: &serde_json::Value) -> (u16, serde_json::Val
 }
 
 /// Sends a long prompt (one the byte bound lets through, so it is tokenized in full, which
-/// takes a while in a debug build) and asks `/health` meanwhile: the answer must come while
-/// the long prompt is still being worked on.
+/// takes a while in a debug build) and asks `/health` again and again meanwhile: tokenized on
+/// the serving thread, the prompt would hold one answer back for about as long as it takes;
+/// off it, every answer comes at once. Relative, so it holds on a fast machine and a slow one.
 async fn health_answers_during_a_long_prompt(url: &str) {
+    let sent = Instant::now();
     let big = tokio::spawn({
         let url = url.to_string();
         async move { chat_post(&url, &long_chat(600_000)).await }
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let health = reqwest::Client::new()
-        .get(format!("{url}/health"))
-        .timeout(Duration::from_secs(120))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(health.status(), 200);
+    let client = reqwest::Client::new();
+    let (mut asked, mut slowest) = (0, Duration::ZERO);
+    while !big.is_finished() {
+        let start = Instant::now();
+        let health = client
+            .get(format!("{url}/health"))
+            .timeout(Duration::from_secs(120))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(health.status(), 200);
+        asked += 1;
+        slowest = slowest.max(start.elapsed());
+    }
+    let took = sent.elapsed();
+    assert!(asked > 1, "the long prompt took no time: {took:?}");
     assert!(
-        !big.is_finished(),
-        "/health waited until the long prompt was tokenized"
+        slowest * 4 < took,
+        "/health waited for the long prompt: {slowest:?} of its {took:?}"
     );
     let (status, body) = big.await.unwrap();
     assert_eq!(status, 400, "{body}");
