@@ -1,8 +1,10 @@
 //! Gateway-side prompt cost: render a 4k-token chat prompt, tokenize it and hash its blocks.
-//! `cold`: nothing cached (the tokenizer on the whole text; `cold_crate_pipeline` through the
+//! `cold`: no segment cached (the tokenizer on the whole text, its word cache holding the words
+//! of earlier iterations, as a running gateway's does; `cold_crate_pipeline` through the
 //! `tokenizers` crate's whole pipeline instead of the direct pre-tokenizer); `cached system
-//! prompt`: the system prompt was seen before and each request's question is new. `user_turn`:
-//! a question alone, both ways.
+//! prompt`: the system prompt was seen before (the 512 questions cycle, so after the first pass
+//! they come from the segment cache too). `user_turn`: a question alone, both ways.
+//! `chat_prompt_200B`: the proxy bench's small request, its render and its tokenization apart.
 //! Run: `cargo bench -p kvgate-prompt --bench tokenize` (needs `scripts/fetch-model`).
 
 #![allow(clippy::panic)]
@@ -131,6 +133,58 @@ fn bench(c: &mut Criterion) {
             b.iter(|| black_box(t.encode_reference(black_box(&text), true)))
         });
     }
+    group.finish();
+
+    // The proxy bench's 200 B chat request (`bench/proxy/run.py`): a short system prompt and a
+    // question numbered per request, so no segment is long enough for the segment cache.
+    let small: Vec<GenerationRequest> = (0..512)
+        .map(|i| {
+            let body = serde_json::json!({
+                "model": "m",
+                "messages": [
+                    {"role": "system", "content": "You are a helpful assistant."},
+                    {"role": "user", "content": format!("Question {i}: say ok.")},
+                ],
+            });
+            GenerationRequest::parse(Endpoint::Chat, body.to_string().as_bytes())
+                .unwrap_or_else(|e| panic!("{}", e.message))
+        })
+        .collect();
+    let small_text = |i: usize| {
+        let messages: Vec<_> = small[i]
+            .messages
+            .iter()
+            .flatten()
+            .map(|m| kvgate_prompt::template::TemplateMessage {
+                role: m.role.clone(),
+                content: m.content.as_ref().map(|c| c.text()).unwrap_or_default(),
+            })
+            .collect();
+        template.render(&messages).unwrap_or_default()
+    };
+    let rendered: Vec<String> = (0..small.len()).map(small_text).collect();
+    let mut group = c.benchmark_group("chat_prompt_200B");
+    group.bench_function("render", |b| {
+        b.iter(|| {
+            i = (i + 1) % small.len();
+            black_box(small_text(i))
+        })
+    });
+    group.bench_function("encode_rendered", |b| {
+        b.iter(|| {
+            i = (i + 1) % small.len();
+            black_box(model.encode(&rendered[i]))
+        })
+    });
+    group.bench_function("prompt_ids", |b| {
+        b.iter(|| {
+            i = (i + 1) % small.len();
+            let (ids, _) = model
+                .prompt_ids(Endpoint::Chat, &small[i], CONTEXT)
+                .unwrap_or_default();
+            black_box(block_hashes(seed, &ids, BLOCK))
+        })
+    });
     group.finish();
 }
 

@@ -11,6 +11,7 @@ mod request;
 mod segments;
 pub mod template;
 pub mod tokenizer;
+mod word_cache;
 
 use gguf::{Gguf, GgufError};
 use segments::SegmentCache;

@@ -7,6 +7,7 @@
 use crate::added::{AddedTokens, Piece};
 use crate::byte_level::{byte_of_symbol, ByteLevelWords};
 use crate::gguf::{Gguf, GgufError, Value};
+use crate::word_cache::WordCache;
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::OnceLock;
@@ -43,6 +44,8 @@ pub struct Tokenizer {
     added: Option<AddedTokens>,
     /// The pre-tokenizer done directly, for a GGUF's byte-level BPE.
     words: Option<ByteLevelWords>,
+    /// Ids of the words `words` cut that were tokenized before.
+    word_ids: WordCache,
     special_ids: HashSet<u32>,
     pub bos_token_id: Option<u32>,
     pub eos_token_id: Option<u32>,
@@ -130,6 +133,7 @@ impl Tokenizer {
             vocab_size,
             added: None,
             words: Some(words),
+            word_ids: WordCache::new(),
             special_ids,
             bos_token_id: id("tokenizer.ggml.bos_token_id"),
             eos_token_id: id("tokenizer.ggml.eos_token_id"),
@@ -192,6 +196,7 @@ impl Tokenizer {
             vocab_size,
             added: None,
             words: None,
+            word_ids: WordCache::new(),
             special_ids,
             tokens,
             max_token_bytes: 0,
@@ -275,18 +280,20 @@ impl Tokenizer {
         let mut ids = Vec::with_capacity(text.len() / 3);
         let encode_text = |text: &str, ids: &mut Vec<u32>| {
             words.for_each(text, |word| -> Result<(), TokenizerError> {
-                let tokens = bpe
-                    .tokenize(word)
-                    .map_err(|e| TokenizerError::Build(e.to_string()))?;
-                // Placeholders for symbols the vocabulary lacks are dropped, as in
-                // `encode_reference`.
-                ids.extend(
-                    tokens
-                        .iter()
-                        .map(|t| t.id)
-                        .filter(|&id| id < self.vocab_size),
-                );
-                Ok(())
+                self.word_ids.extend(word, ids, |ids| {
+                    let tokens = bpe
+                        .tokenize(word)
+                        .map_err(|e| TokenizerError::Build(e.to_string()))?;
+                    // Placeholders for symbols the vocabulary lacks are dropped, as in
+                    // `encode_reference`.
+                    ids.extend(
+                        tokens
+                            .iter()
+                            .map(|t| t.id)
+                            .filter(|&id| id < self.vocab_size),
+                    );
+                    Ok(())
+                })
             })
         };
         let Some(added) = added else {
