@@ -1,7 +1,8 @@
 //! Precise prefix index (token mode): block hash → the replicas that hold the block and in
 //! which tier, fed by the workers' KV events, which name exactly the hashes the gateway computes
 //! from the prompt's token ids. A routing decision adds short-lived assumed entries for
-//! the chosen replica, covering the time until its stored-block events arrive. To keep a
+//! the chosen replica, covering the time until its stored-block events arrive; a prompt sent to
+//! several replicas in that time is guessed on each (up to [`GUESSES_PER_BLOCK`]). To keep a
 //! decision cheap, a guess is recorded at every [`ASSUMED_STRIDE`]-th block and at the
 //! prompt's last one, so a guessed run is counted in whole strides (a later prompt that shares
 //! 18 blocks of a guessed 20 counts 16).
@@ -19,6 +20,11 @@ use std::collections::VecDeque;
 
 /// Blocks between two recorded guesses.
 pub const ASSUMED_STRIDE: usize = 4;
+
+/// Replicas guessed to hold one block at most: past this many, a new guess replaces the one
+/// due first (the replicas sent a prompt before their events arrive, within reason; a hot
+/// prefix on a large fleet counts as held everywhere by the group rule anyway).
+pub const GUESSES_PER_BLOCK: usize = 16;
 
 /// Whether block `i` of an `n`-block prompt carries a guess.
 fn is_checkpoint(i: usize, n: usize) -> bool {
@@ -38,9 +44,9 @@ pub struct PreciseIndex {
     /// Block hash → (replica, tiers).
     holders: HashKeyMap<Holders>,
     per_replica: Vec<ReplicaBlocks>,
-    /// Checkpoint block hash → (replica, expiry ms) of the latest routing decision that sent
-    /// it, until events confirm it.
-    assumed: HashKeyMap<(ReplicaId, u64)>,
+    /// Checkpoint block hash → (replica, expiry ms) of the routing decisions that sent it,
+    /// until events confirm it; one entry per replica.
+    assumed: HashKeyMap<Vec<(ReplicaId, u64)>>,
     /// Guesses in expiry order (expiry, hash), for purging.
     expiries: VecDeque<(u64, u64)>,
     /// Per replica slot: its lower tiers' worth, as its engine measured.
@@ -189,7 +195,10 @@ impl PreciseIndex {
     /// next update must start with a snapshot.
     pub fn clear_replica(&mut self, replica: ReplicaId) {
         self.clear_blocks(replica);
-        self.assumed.retain(|_, (r, _)| *r != replica);
+        self.assumed.retain(|_, guesses| {
+            guesses.retain(|&(r, _)| r != replica);
+            !guesses.is_empty()
+        });
     }
 
     /// Forgets the blocks `replica`'s events reported, and its event sequence, but not the
@@ -216,15 +225,26 @@ impl PreciseIndex {
         let n = hashes.len();
         for (i, &hash) in hashes.iter().enumerate().skip(held) {
             if is_checkpoint(i, n) {
-                self.assumed.insert(hash, (replica, expires_ms));
+                let guesses = self.assumed.entry(hash).or_default();
+                match guesses.iter().position(|&(r, _)| r == replica) {
+                    Some(at) => guesses[at].1 = expires_ms,
+                    None if guesses.len() < GUESSES_PER_BLOCK => {
+                        guesses.push((replica, expires_ms))
+                    }
+                    None => {
+                        if let Some(due) = guesses.iter_mut().min_by_key(|(_, e)| *e) {
+                            *due = (replica, expires_ms);
+                        }
+                    }
+                }
                 self.expiries.push_back((expires_ms, hash));
             }
         }
     }
 
-    /// Guesses recorded and not yet purged.
+    /// Guesses recorded and not yet purged, one per replica and block.
     pub fn assumed_len(&self) -> usize {
-        self.assumed.len()
+        self.assumed.values().map(Vec::len).sum()
     }
 
     fn purge_expired(&mut self, now_ms: u64) {
@@ -233,9 +253,12 @@ impl PreciseIndex {
                 break;
             }
             self.expiries.pop_front();
-            // A later decision may have renewed the guess: drop it only if it is due.
-            if self.assumed.get(&hash).is_some_and(|&(_, e)| e <= now_ms) {
-                self.assumed.remove(&hash);
+            // A later decision may have renewed a guess: drop only those due.
+            if let Some(guesses) = self.assumed.get_mut(&hash) {
+                guesses.retain(|&(_, e)| e > now_ms);
+                if guesses.is_empty() {
+                    self.assumed.remove(&hash);
+                }
             }
         }
     }
@@ -246,12 +269,37 @@ impl PreciseIndex {
     /// into `matched`, indexed by replica slot (which must be long enough).
     pub fn overlaps(&self, hashes: &[u64], now_ms: u64, matched: &mut [f64]) {
         let runs = self.runs_from_events(hashes);
-        for run in &runs {
+        self.overlaps_from(&runs, hashes, now_ms, false, matched);
+    }
+
+    /// As [`PreciseIndex::overlaps`], and into `latest` the same with only the latest
+    /// decision's guess of each block.
+    pub fn overlaps_and_latest(
+        &self,
+        hashes: &[u64],
+        now_ms: u64,
+        matched: &mut [f64],
+        latest: &mut [f64],
+    ) {
+        let runs = self.runs_from_events(hashes);
+        self.overlaps_from(&runs, hashes, now_ms, false, matched);
+        self.overlaps_from(&runs, hashes, now_ms, true, latest);
+    }
+
+    fn overlaps_from(
+        &self,
+        runs: &[Run],
+        hashes: &[u64],
+        now_ms: u64,
+        only_latest: bool,
+        matched: &mut [f64],
+    ) {
+        for run in runs {
             if let Some(m) = matched.get_mut(run.replica.0 as usize) {
                 *m = run.value;
             }
         }
-        self.extend_by_guesses(hashes, now_ms, &runs, matched);
+        self.extend_by_guesses(hashes, now_ms, only_latest, runs, matched);
     }
 
     /// The leading run of `hashes` that `replica`'s KV events say it holds, split by the tier
@@ -307,7 +355,14 @@ impl PreciseIndex {
 
     /// Extends runs through the checkpoints guessed for their replica, past the blocks known
     /// from events (or from the start); a guessed block counts as on the device.
-    fn extend_by_guesses(&self, hashes: &[u64], now_ms: u64, runs: &[Run], matched: &mut [f64]) {
+    fn extend_by_guesses(
+        &self,
+        hashes: &[u64],
+        now_ms: u64,
+        only_latest: bool,
+        runs: &[Run],
+        matched: &mut [f64],
+    ) {
         let n = hashes.len();
         let known = |r: ReplicaId| runs.iter().find(|x| x.replica == r);
         let mut alive: Option<Vec<ReplicaId>> = None;
@@ -316,21 +371,27 @@ impl PreciseIndex {
             .enumerate()
             .filter(|&(i, _)| is_checkpoint(i, n))
         {
-            let guess = self
-                .assumed
-                .get(hash)
-                .filter(|&&(_, expires)| expires > now_ms)
-                .map(|&(r, _)| r);
+            let guesses = self.assumed.get(hash).map_or(&[][..], Vec::as_slice);
+            let newest = guesses.iter().max_by_key(|(_, e)| *e).map(|&(g, _)| g);
+            let guessed = |r: ReplicaId| {
+                guesses.iter().any(|&(g, expires)| {
+                    g == r && expires > now_ms && (!only_latest || newest == Some(r))
+                })
+            };
             let replicas = alive.get_or_insert_with(|| {
                 let mut first: Vec<ReplicaId> = runs.iter().map(|r| r.replica).collect();
-                first.extend(guess.filter(|g| !first.contains(g)));
+                for &(g, _) in guesses {
+                    if guessed(g) && !first.contains(&g) {
+                        first.push(g);
+                    }
+                }
                 first
             });
-            replicas.retain(|&r| guess == Some(r) || known(r).is_some_and(|k| k.blocks > i));
+            replicas.retain(|&r| guessed(r) || known(r).is_some_and(|k| k.blocks > i));
             if replicas.is_empty() {
                 return;
             }
-            for &r in replicas.iter().filter(|&&r| guess == Some(r)) {
+            for &r in replicas.iter().filter(|&&r| guessed(r)) {
                 let (value, blocks) = known(r).map_or((0.0, 0), |k| (k.value, k.blocks));
                 if let Some(m) = matched.get_mut(r.0 as usize) {
                     *m = m.max(value + (i + 1 - blocks.min(i + 1)) as f64);

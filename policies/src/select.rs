@@ -267,12 +267,13 @@ impl Policy {
     }
 
     /// The prompt's leading blocks (token mode) or chunks (text mode) each replica holds, by
-    /// slot, and the prompt's length in the same unit.
+    /// slot; the same as a group's heat counts its holders (see `Policy::group_holders`); and
+    /// the prompt's length in that unit.
     fn prefix_overlap(
         &self,
         features: &RequestFeatures,
         fleet: FleetView<'_>,
-    ) -> (Vec<f64>, usize) {
+    ) -> (Vec<f64>, Vec<f64>, usize) {
         let slots = fleet
             .replicas
             .iter()
@@ -286,11 +287,13 @@ impl Policy {
                     *m = run as f64;
                 }
             }
-            (matched, features.prefix_chunks.len())
+            (matched.clone(), matched, features.prefix_chunks.len())
         } else {
             let hashes = &features.block_hashes;
-            self.precise.overlaps(hashes, features.now_ms, &mut matched);
-            (matched, hashes.len())
+            let mut latest = matched.clone();
+            self.precise
+                .overlaps_and_latest(hashes, features.now_ms, &mut matched, &mut latest);
+            (matched, latest, hashes.len())
         }
     }
 
@@ -314,7 +317,7 @@ impl Policy {
         fleet: FleetView<'_>,
         top: usize,
     ) -> Decision {
-        let (matched, blocks) = self.prefix_overlap(features, fleet);
+        let (matched, heat_matched, blocks) = self.prefix_overlap(features, fleet);
         let load = FleetLoad::of(fleet.replicas.iter(), &matched);
         if load.healthy == 0 {
             return Decision::default();
@@ -350,7 +353,7 @@ impl Policy {
             .filter(|(r, l)| r.healthy && !l.full)
             .map(|(r, _)| matched[r.id.0 as usize])
             .fold(0.0, f64::max);
-        let group = self.group_holders(features, &matched, fleet);
+        let group = self.group_holders(features, &heat_matched, fleet);
         let hot = group
             .as_ref()
             .is_some_and(|g| self.is_hot(g, features.now_ms));

@@ -38,9 +38,13 @@ fn batches(b: Vec<KvEventBatch>) -> KvUpdate {
 }
 
 fn overlaps(idx: &PreciseIndex, hashes: &[u64], now: u64) -> Vec<f64> {
-    let mut m = vec![0.0; 2];
-    idx.overlaps(hashes, now, &mut m);
-    m
+    overlaps_and_latest(idx, hashes, now).0
+}
+
+fn overlaps_and_latest(idx: &PreciseIndex, hashes: &[u64], now: u64) -> (Vec<f64>, Vec<f64>) {
+    let (mut m, mut latest) = (vec![0.0; 2], vec![0.0; 2]);
+    idx.overlaps_and_latest(hashes, now, &mut m, &mut latest);
+    (m, latest)
 }
 
 #[test]
@@ -271,4 +275,37 @@ fn a_snapshot_keeps_the_guesses_of_prompts_not_yet_computed() {
         vec![0.0, 0.0],
         "a restarted replica lost its prompts"
     );
+}
+
+#[test]
+fn a_prompt_sent_to_several_replicas_is_guessed_on_each() {
+    let mut idx = PreciseIndex::default();
+    let prompt: Vec<u64> = (1..=8).collect();
+    idx.assume(A, &prompt, 0, 100, 300);
+    idx.assume(B, &prompt, 0, 110, 310);
+    assert_eq!(
+        overlaps_and_latest(&idx, &prompt, 150),
+        (vec![8.0, 8.0], vec![0.0, 8.0]),
+        "each, and the latest decision's guess alone"
+    );
+    // A renewed guess is the latest again; each expires on its own.
+    idx.assume(A, &prompt, 0, 120, 320);
+    assert_eq!(overlaps_and_latest(&idx, &prompt, 150).1, vec![8.0, 0.0]);
+    assert_eq!(overlaps(&idx, &prompt, 315), vec![8.0, 0.0]);
+    idx.clear_replica(A);
+    assert_eq!(overlaps(&idx, &prompt, 150), vec![0.0, 8.0]);
+    assert_eq!(idx.assumed_len(), 2, "B's two checkpoints");
+}
+
+#[test]
+fn past_the_bound_a_new_guess_replaces_the_one_due_first() {
+    let mut idx = PreciseIndex::default();
+    for r in 0..=GUESSES_PER_BLOCK as u32 {
+        idx.assume(ReplicaId(r), &[7], 0, 0, 100 + u64::from(r));
+    }
+    assert_eq!(idx.assumed_len(), GUESSES_PER_BLOCK);
+    let mut m = vec![0.0; GUESSES_PER_BLOCK + 1];
+    idx.overlaps(&[7], 50, &mut m);
+    assert_eq!(m[0], 0.0, "replica 0's guess was due first");
+    assert!(m[1..].iter().all(|&v| v == 1.0), "{m:?}");
 }

@@ -20,6 +20,10 @@ impl Policy {
 
     /// The replicas holding the prompt's group (its key), out of the healthy ones, and the
     /// least any of them holds of the prompt: what all of them have. `None` when none holds it.
+    /// `matched` counts, in token mode, a block where events show it and where the latest
+    /// decision sent it, not on every replica sent it since: those have not computed it yet,
+    /// and counted as holders they would make a busy group look well served, so that it
+    /// spreads later.
     pub(super) fn group_holders(
         &self,
         features: &RequestFeatures,

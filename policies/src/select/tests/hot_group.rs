@@ -192,3 +192,39 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_prompt_sent_to_several_replicas_counts_on_each_and_heats_its_group_as_before() {
+    // Token mode: 8 blocks of 16 tokens, sent to replicas 0, 1 and 2 in turn before any of
+    // their events arrive.
+    let f = RequestFeatures {
+        block_hashes: (1..=8).collect(),
+        prompt_tokens: 128,
+        ring_key: 7,
+        ..Default::default()
+    };
+    let mut p = policy_with(4, PolicyConfig::default());
+    for i in 0..8 {
+        p.record(ReplicaId(i % 3), &f);
+    }
+    let d = p.select(
+        &f,
+        FleetView {
+            replicas: &view(&[1, 1, 1, 1]),
+        },
+    );
+    let held = |r: u32| {
+        d.ranked
+            .iter()
+            .find(|c| c.replica == ReplicaId(r))
+            .map(|c| c.prefix_blocks)
+    };
+    assert_eq!(
+        [held(0), held(1), held(2), held(3)],
+        [Some(8.0), Some(8.0), Some(8.0), Some(0.0)],
+        "each replica sent the prompt holds it until its events say otherwise"
+    );
+    // Its heat counts the latest decision's replica alone as a holder: 8 requests of all
+    // the traffic are more than one replica's share; three holders' would want more.
+    assert!(d.hot_group);
+}
