@@ -10,6 +10,7 @@
 #![allow(clippy::panic)]
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use kvgate_prompt::template::{ChatTemplate, TemplateMessage};
 use kvgate_prompt::PromptModel;
 use kvgate_protocol::openai::{Endpoint, GenerationRequest};
 use kvgate_protocol::{block_hashes, HashSeed};
@@ -52,6 +53,20 @@ fn requests(system: &str, n: usize) -> Vec<GenerationRequest> {
         .collect()
 }
 
+/// The request's chat prompt as the template renders it.
+fn chat_text(template: &ChatTemplate, request: &GenerationRequest) -> String {
+    let messages: Vec<_> = request
+        .messages
+        .iter()
+        .flatten()
+        .map(|m| TemplateMessage {
+            role: m.role.clone(),
+            content: m.content.as_ref().map(|c| c.text()).unwrap_or_default(),
+        })
+        .collect();
+    template.render(&messages).unwrap_or_default()
+}
+
 fn bench(c: &mut Criterion) {
     let path =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
@@ -71,18 +86,7 @@ fn bench(c: &mut Criterion) {
         .template
         .as_ref()
         .unwrap_or_else(|| panic!("no template"));
-    let render = |i: usize| {
-        let messages: Vec<_> = reqs[i]
-            .messages
-            .iter()
-            .flatten()
-            .map(|m| kvgate_prompt::template::TemplateMessage {
-                role: m.role.clone(),
-                content: m.content.as_ref().map(|c| c.text()).unwrap_or_default(),
-            })
-            .collect();
-        template.render(&messages).unwrap_or_default()
-    };
+    let render = |i: usize| chat_text(template, &reqs[i]);
     let mut group = c.benchmark_group("chat_prompt_4k");
     let mut i = 0;
     group.bench_function("cold", |b| {
@@ -150,18 +154,7 @@ fn bench(c: &mut Criterion) {
                 .unwrap_or_else(|e| panic!("{}", e.message))
         })
         .collect();
-    let small_text = |i: usize| {
-        let messages: Vec<_> = small[i]
-            .messages
-            .iter()
-            .flatten()
-            .map(|m| kvgate_prompt::template::TemplateMessage {
-                role: m.role.clone(),
-                content: m.content.as_ref().map(|c| c.text()).unwrap_or_default(),
-            })
-            .collect();
-        template.render(&messages).unwrap_or_default()
-    };
+    let small_text = |i: usize| chat_text(template, &small[i]);
     let rendered: Vec<String> = (0..small.len()).map(small_text).collect();
     let mut group = c.benchmark_group("chat_prompt_200B");
     group.bench_function("render", |b| {
