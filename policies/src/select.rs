@@ -267,13 +267,13 @@ impl Policy {
     }
 
     /// The prompt's leading blocks (token mode) or chunks (text mode) each replica holds, by
-    /// slot; the same as a group's heat counts its holders (see `Policy::group_holders`); and
-    /// the prompt's length in that unit.
+    /// slot; in token mode also the same as a group's heat counts its holders (see
+    /// `Policy::group_holders`); and the prompt's length in that unit.
     fn prefix_overlap(
         &self,
         features: &RequestFeatures,
         fleet: FleetView<'_>,
-    ) -> (Vec<f64>, Vec<f64>, usize) {
+    ) -> (Vec<f64>, Option<Vec<f64>>, usize) {
         let slots = fleet
             .replicas
             .iter()
@@ -287,13 +287,13 @@ impl Policy {
                     *m = run as f64;
                 }
             }
-            (matched.clone(), matched, features.prefix_chunks.len())
+            (matched, None, features.prefix_chunks.len())
         } else {
             let hashes = &features.block_hashes;
-            let mut latest = matched.clone();
+            let mut latest = vec![0.0; slots];
             self.precise
                 .overlaps_and_latest(hashes, features.now_ms, &mut matched, &mut latest);
-            (matched, latest, hashes.len())
+            (matched, Some(latest), hashes.len())
         }
     }
 
@@ -353,7 +353,8 @@ impl Policy {
             .filter(|(r, l)| r.healthy && !l.full)
             .map(|(r, _)| matched[r.id.0 as usize])
             .fold(0.0, f64::max);
-        let group = self.group_holders(features, &heat_matched, fleet);
+        let heat_matched = heat_matched.as_deref().unwrap_or(&matched);
+        let group = self.group_holders(features, heat_matched, fleet);
         let hot = group
             .as_ref()
             .is_some_and(|g| self.is_hot(g, features.now_ms));
