@@ -17,12 +17,16 @@ use kvgate_policies::{Candidate, FailureOutcome, RequestFeatures};
 use kvgate_protocol::openai::Endpoint;
 use kvgate_protocol::{ApiError, ErrorKind};
 use pingora_core::protocols::http::client::HttpSession;
-use pingora_core::protocols::http::v1::client::HttpSession as Http1Session;
+use pingora_core::protocols::http::v1::client::{
+    http_req_header_to_wire, HttpSession as Http1Session,
+};
 use pingora_core::protocols::http::ServerSession;
+use pingora_core::protocols::Stream;
 use pingora_core::upstreams::peer::{HttpPeer, Peer};
 use pingora_core::ErrorType;
 use pingora_http::{RequestHeader, ResponseHeader};
 use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
 
 /// Headers that describe one connection, not the message: never forwarded.
 const HOP_BY_HOP: &[&str] = &[
@@ -230,6 +234,14 @@ impl Forward<'_> {
         Attempt::Done(outcome, status)
     }
 
+    /// A new connection to `peer` (HTTP/1: the peer offers no other), never a pooled one.
+    async fn connect(&self, peer: &HttpPeer) -> pingora_core::Result<(Stream, bool)> {
+        match self.gateway.connector().get_http_session(peer).await? {
+            (HttpSession::H1(session), reused) => Ok((session.into_inner(), reused)),
+            _ => pingora_core::Error::e_explain(ErrorType::ConnectProxyFailure, "not HTTP/1"),
+        }
+    }
+
     /// Connects (or takes an idle connection of this thread's to `key`, the peer's) and sends
     /// the request, reading the response header. A pooled connection the replica already
     /// closed is replaced by a fresh one.
@@ -246,13 +258,10 @@ impl Forward<'_> {
         for _ in 0..3 {
             let pooled = self.gateway.idle.take(key, max_idle);
             let connected = match pooled {
-                Some(stream) => Ok((
-                    HttpSession::H1(Http1Session::new_with_options(stream, peer)),
-                    true,
-                )),
-                None => self.gateway.connector().get_http_session(peer).await,
+                Some(stream) => Ok((stream, true)),
+                None => self.connect(peer).await,
             };
-            let (mut upstream, reused) = match connected {
+            let (stream, reused) = match connected {
                 Ok(s) => s,
                 Err(e) => {
                     self.failed(replica, "connect");
@@ -266,31 +275,34 @@ impl Forward<'_> {
                     });
                 }
             };
-            upstream.set_read_timeout(Some(first_byte));
-            upstream.set_write_timeout(Some(first_byte));
             let header = match self.upstream_header(client, replica) {
                 Ok(h) => h,
                 Err(e) => return Err(self.fail_before_response(client, replica, &e).await),
             };
-            if let Err(e) = write_request(&mut upstream, header, self.body.clone()).await {
-                if reused {
-                    self.gateway
-                        .metrics
-                        .retries
-                        .with_label_values(&["stale_connection"])
-                        .inc();
-                    continue;
+            let written = write_request(stream, &header, &self.body, first_byte).await;
+            let mut upstream = match written {
+                Ok(stream) => HttpSession::H1(Http1Session::new_with_options(stream, peer)),
+                Err(e) => {
+                    if reused {
+                        self.gateway
+                            .metrics
+                            .retries
+                            .with_label_values(&["stale_connection"])
+                            .inc();
+                        continue;
+                    }
+                    self.failed(replica, "write");
+                    let error = ApiError::new(
+                        ErrorKind::Unavailable,
+                        format!("sending to replica `{}` failed: {e}", replica.name),
+                    );
+                    return Err(Attempt::Retry {
+                        reason: "write",
+                        error,
+                    });
                 }
-                self.failed(replica, "write");
-                let error = ApiError::new(
-                    ErrorKind::Unavailable,
-                    format!("sending to replica `{}` failed: {e}", replica.name),
-                );
-                return Err(Attempt::Retry {
-                    reason: "write",
-                    error,
-                });
-            }
+            };
+            upstream.set_read_timeout(Some(first_byte));
             let header = tokio::select! {
                 biased;
                 read = upstream.read_response_header() => read,
@@ -579,14 +591,33 @@ async fn end_with_error(client: &mut ServerSession, error: &ApiError) -> Outcome
     Outcome::of(ended)
 }
 
+/// Sends the request's header and body in one write: Pingora's session sends its header alone
+/// first, which costs a system call and wakes the replica for a request it cannot yet read.
+/// The session reading the response then sees no request written, which matters to it only for
+/// `HEAD`, upgrades and `connection: close`, none of which the gateway forwards.
 async fn write_request(
-    upstream: &mut HttpSession,
-    header: RequestHeader,
-    body: Bytes,
-) -> pingora_core::Result<()> {
-    upstream.write_request_header(Box::new(header)).await?;
-    upstream.write_request_body(body, true).await?;
-    upstream.finish_request_body().await
+    mut stream: Stream,
+    header: &RequestHeader,
+    body: &[u8],
+    limit: Duration,
+) -> pingora_core::Result<Stream> {
+    let mut wire = http_req_header_to_wire(header).ok_or_else(|| {
+        pingora_core::Error::explain(ErrorType::InvalidHTTPHeader, "unsendable request line")
+    })?;
+    wire.extend_from_slice(body);
+    let write = async {
+        stream.write_all(&wire).await?;
+        stream.flush().await
+    };
+    match tokio::time::timeout(limit, write).await {
+        Ok(Ok(())) => Ok(stream),
+        Ok(Err(e)) => Err(pingora_core::Error::because(
+            ErrorType::WriteError,
+            "while writing the request",
+            e,
+        )),
+        Err(_) => pingora_core::Error::e_explain(ErrorType::WriteTimedout, "writing the request"),
+    }
 }
 
 fn is_timeout(e: &pingora_core::Error) -> bool {
