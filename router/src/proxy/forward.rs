@@ -25,6 +25,7 @@ use pingora_core::protocols::Stream;
 use pingora_core::upstreams::peer::{HttpPeer, Peer};
 use pingora_core::ErrorType;
 use pingora_http::{RequestHeader, ResponseHeader};
+use pingora_timeout::fast_timeout::fast_timeout;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
@@ -609,7 +610,7 @@ async fn write_request(
         stream.write_all(&wire).await?;
         stream.flush().await
     };
-    match tokio::time::timeout(limit, write).await {
+    match fast_timeout(limit, write).await {
         Ok(Ok(())) => Ok(stream),
         Ok(Err(e)) => Err(pingora_core::Error::because(
             ErrorType::WriteError,
