@@ -12,19 +12,17 @@ use crate::gateway::{Gateway, Route, Snapshot};
 use crate::in_flight::InFlight;
 use crate::replica::Replica;
 use crate::tenants::Lease;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use kvgate_policies::{Candidate, FailureOutcome, RequestFeatures};
 use kvgate_protocol::openai::Endpoint;
 use kvgate_protocol::{ApiError, ErrorKind};
 use pingora_core::protocols::http::client::HttpSession;
-use pingora_core::protocols::http::v1::client::{
-    http_req_header_to_wire, HttpSession as Http1Session,
-};
+use pingora_core::protocols::http::v1::client::HttpSession as Http1Session;
 use pingora_core::protocols::http::ServerSession;
 use pingora_core::protocols::Stream;
 use pingora_core::upstreams::peer::{HttpPeer, Peer};
 use pingora_core::ErrorType;
-use pingora_http::{RequestHeader, ResponseHeader};
+use pingora_http::ResponseHeader;
 use pingora_timeout::fast_timeout::fast_timeout;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
@@ -276,11 +274,8 @@ impl Forward<'_> {
                     });
                 }
             };
-            let header = match self.upstream_header(client, replica) {
-                Ok(h) => h,
-                Err(e) => return Err(self.fail_before_response(client, replica, &e).await),
-            };
-            let written = write_request(stream, &header, &self.body, first_byte).await;
+            let request = self.upstream_request(client, replica);
+            let written = write_request(stream, &request, first_byte).await;
             let mut upstream = match written {
                 Ok(stream) => HttpSession::H1(Http1Session::new_with_options(stream, peer)),
                 Err(e) => {
@@ -389,22 +384,29 @@ impl Forward<'_> {
         Attempt::Done(outcome, status)
     }
 
-    fn upstream_header(
-        &self,
-        client: &ServerSession,
-        replica: &Replica,
-    ) -> Result<RequestHeader, String> {
+    /// The request as it goes to `replica`, on the wire: the client's method, path and
+    /// headers (less those of one connection and those set here), the replica's host, the
+    /// body's length and the request id, then the body. Every part was parsed from the client's
+    /// request or the config, so none can break the framing.
+    fn upstream_request(&self, client: &ServerSession, replica: &Replica) -> BytesMut {
         let req = client.req_header();
         let path = req
             .uri
             .path_and_query()
             .map_or(self.endpoint.path(), |p| p.as_str());
-        let mut header = RequestHeader::build(
-            req.method.clone(),
+        let mut wire = BytesMut::with_capacity(512 + self.body.len());
+        let mut line = |parts: &[&[u8]]| {
+            for part in parts {
+                wire.extend_from_slice(part);
+            }
+            wire.extend_from_slice(b"\r\n");
+        };
+        line(&[
+            req.method.as_str().as_bytes(),
+            b" ",
             path.as_bytes(),
-            Some(req.headers.len() + 3),
-        )
-        .map_err(|e| format!("cannot build upstream request: {e}"))?;
+            b" HTTP/1.1",
+        ]);
         for (name, value) in &req.headers {
             let skip = HOP_BY_HOP.contains(&name.as_str())
                 || name == http::header::HOST
@@ -412,18 +414,16 @@ impl Forward<'_> {
                 || name == http::header::TRANSFER_ENCODING
                 || name.as_str() == "x-request-id";
             if !skip {
-                header
-                    .append_header(name.clone(), value.clone())
-                    .map_err(|e| e.to_string())?;
+                line(&[name.as_str().as_bytes(), b": ", value.as_bytes()]);
             }
         }
-        let set = |h: &mut RequestHeader, name: &'static str, value: String| {
-            h.insert_header(name, value).map_err(|e| e.to_string())
-        };
-        set(&mut header, "host", replica.upstream.authority.clone())?;
-        set(&mut header, "content-length", self.body.len().to_string())?;
-        set(&mut header, "x-request-id", self.request_id.to_string())?;
-        Ok(header)
+        let authority = replica.upstream.authority.as_bytes();
+        line(&[b"host: ", authority]);
+        line(&[b"content-length: ", self.body.len().to_string().as_bytes()]);
+        line(&[b"x-request-id: ", self.request_id.to_string().as_bytes()]);
+        line(&[]);
+        wire.extend_from_slice(&self.body);
+        wire
     }
 
     fn client_header(
@@ -592,22 +592,17 @@ async fn end_with_error(client: &mut ServerSession, error: &ApiError) -> Outcome
     Outcome::of(ended)
 }
 
-/// Sends the request's header and body in one write: Pingora's session sends its header alone
+/// Sends the request, header and body, in one write: Pingora's session sends its header alone
 /// first, which costs a system call and wakes the replica for a request it cannot yet read.
 /// The session reading the response then sees no request written, which matters to it only for
 /// `HEAD`, upgrades and `connection: close`, none of which the gateway forwards.
 async fn write_request(
     mut stream: Stream,
-    header: &RequestHeader,
-    body: &[u8],
+    request: &[u8],
     limit: Duration,
 ) -> pingora_core::Result<Stream> {
-    let mut wire = http_req_header_to_wire(header).ok_or_else(|| {
-        pingora_core::Error::explain(ErrorType::InvalidHTTPHeader, "unsendable request line")
-    })?;
-    wire.extend_from_slice(body);
     let write = async {
-        stream.write_all(&wire).await?;
+        stream.write_all(request).await?;
         stream.flush().await
     };
     match fast_timeout(limit, write).await {
