@@ -143,7 +143,11 @@ async fn a_replica_gets_the_clients_headers_less_the_connections_and_the_body_wh
     };
     assert_eq!(values("x-custom"), ["kept as sent"], "{head}");
     assert_eq!(values("content-type"), ["application/json"], "{head}");
-    assert_eq!(values("host"), [format!("127.0.0.1:{}", replica.port)], "{head}");
+    assert_eq!(
+        values("host"),
+        [format!("127.0.0.1:{}", replica.port)],
+        "{head}"
+    );
     assert_eq!(values("x-request-id"), ["client-id-7"], "{head}");
     for hop in ["te", "keep-alive", "connection", "transfer-encoding"] {
         assert!(values(hop).is_empty(), "{hop} forwarded: {head}");
