@@ -7,7 +7,7 @@ use crate::signal::BySignal;
 use crate::traffic::{GroupTraffic, RecentTraffic};
 use crate::{
     Applied, ApproxPrefixIndex, FleetView, HashRing, PolicyConfig, PreciseIndex, ReplicaId,
-    RequestFeatures, Signal, TierValues,
+    ReplicaView, RequestFeatures, Signal, TierValues,
 };
 use kvgate_protocol::telemetry::KvUpdate;
 use serde::Serialize;
@@ -90,10 +90,10 @@ pub struct Decision {
     /// prompt may have a higher one: [`Candidate::load_cap`]).
     pub load_bound: u32,
     /// The prompt's group was hot (`hot_group_factor`): what every holder has of it counted
-    /// as held everywhere, and no recompute penalty.
+    /// as held on every replica with no prefill queued, and no recompute penalty.
     pub hot_group: bool,
     /// The request opened a session (none bound yet): what every holder of its group has
-    /// counted as held everywhere, as for a hot group.
+    /// counted as held as for a hot group.
     pub opens_session: bool,
     /// How many replicas were tied within `tie_margin` (the first of `ranked` was drawn from
     /// them); 1 when none was, 0 with no candidate.
@@ -369,11 +369,20 @@ impl Policy {
         };
         // A session's first request places every turn to come, where its own history will be
         // worth more than a copy of what its group's holders have: like a hot group's, that
-        // counts as held everywhere.
+        // counts as held (where nothing is queued, below).
         let opens_session = features.session.is_some() && session_home.is_none();
         let shared = group
             .filter(|_| hot || opens_session)
             .map_or(0.0, |g| g.least);
+        // Copying the shared blocks is free only where nothing is queued: elsewhere the copy's
+        // prefill delays every request behind it, those of the groups the replica holds too.
+        let held_or_shared = |r: &ReplicaView, held: f64| {
+            if r.prefill_backlog == 0 {
+                held.max(shared)
+            } else {
+                held
+            }
+        };
         let prompt = PromptWork::new(features.prompt_tokens, blocks)
             .with_recompute_penalty(most_held, penalty);
         let least_work = fleet
@@ -381,7 +390,7 @@ impl Policy {
             .iter()
             .zip(&limits)
             .filter(|(r, l)| r.healthy && !l.full)
-            .map(|(r, _)| prompt.ahead_on(r, matched[r.id.0 as usize].max(shared)))
+            .map(|(r, _)| prompt.ahead_on(r, held_or_shared(r, matched[r.id.0 as usize])))
             .min()
             .unwrap_or_default();
 
@@ -429,11 +438,11 @@ impl Policy {
                 } = limits[i];
                 let held = matched[r.id.0 as usize];
                 let mut signals = BySignal::default();
-                // A hot group's shared blocks count as held everywhere here too.
+                // A hot group's shared blocks count as held here too.
                 signals[Signal::Prefix] = if is_saturated {
                     0.0
                 } else {
-                    held.max(shared) / blocks.max(1) as f64
+                    held_or_shared(r, held) / blocks.max(1) as f64
                 };
                 signals[Signal::Ring] = if owner == Some(r.id) { 1.0 } else { 0.0 };
                 signals[Signal::Load] = 1.0
@@ -444,7 +453,7 @@ impl Policy {
                 signals[Signal::Prefill] = if full {
                     0.0
                 } else {
-                    prompt.relative(least_work, prompt.ahead_on(r, held.max(shared)))
+                    prompt.relative(least_work, prompt.ahead_on(r, held_or_shared(r, held)))
                 };
                 signals[Signal::Fresh] = if r.stale { 0.0 } else { 1.0 };
                 // Stickiness yields only to saturation, and stands in only for what the prefix

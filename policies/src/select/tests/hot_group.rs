@@ -50,6 +50,28 @@ fn a_hot_group_spreads_past_its_holders_and_a_cold_one_stays() {
 }
 
 #[test]
+fn a_hot_group_is_copied_only_where_no_prefill_is_queued() {
+    // The group is hot on three of four replicas, 300 tokens queued at each holder. A copy to
+    // a fourth replica with a prefill queued would put the whole prompt ahead of that queue:
+    // 1,100 tokens there against 300 at a holder.
+    let f = prompt(1_000);
+    for (queued, spreads) in [(0, true), (100, false)] {
+        let mut p = policy_with(4, PolicyConfig::default());
+        for i in 0..200 {
+            p.record(ReplicaId(i % 3), &f);
+        }
+        let mut fleet = view(&[1, 1, 1, 1]);
+        for r in &mut fleet[..3] {
+            r.prefill_backlog = 300;
+        }
+        fleet[3].prefill_backlog = queued;
+        let d = p.select(&f, FleetView { replicas: &fleet });
+        assert!(d.hot_group);
+        assert_eq!(d.ranked[0].replica == ReplicaId(3), spreads, "{queued}");
+    }
+}
+
+#[test]
 fn a_group_that_is_all_the_traffic_is_hot_within_a_few_dozen_requests() {
     // Three of four replicas hold it, so it is hot past three quarters of the traffic. A
     // count of requests out of `n` is binomial: when it is all of them, its noise is a
