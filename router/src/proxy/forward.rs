@@ -8,11 +8,12 @@
 use super::answer_end::AnswerEnd;
 use super::gather::gather;
 use super::respond;
+use super::upstream_wire::{self, HOP_BY_HOP};
 use crate::gateway::{Gateway, Route, Snapshot};
 use crate::in_flight::InFlight;
 use crate::replica::Replica;
 use crate::tenants::Lease;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use kvgate_policies::{Candidate, FailureOutcome, RequestFeatures};
 use kvgate_protocol::openai::Endpoint;
 use kvgate_protocol::{ApiError, ErrorKind};
@@ -23,22 +24,7 @@ use pingora_core::protocols::Stream;
 use pingora_core::upstreams::peer::{HttpPeer, Peer};
 use pingora_core::ErrorType;
 use pingora_http::ResponseHeader;
-use pingora_timeout::fast_timeout::fast_timeout;
 use std::time::{Duration, Instant};
-use tokio::io::AsyncWriteExt;
-
-/// Headers that describe one connection, not the message: never forwarded.
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "upgrade",
-    "expect",
-];
 
 /// How the client side ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -254,6 +240,14 @@ impl Forward<'_> {
         let timeouts = &self.snapshot.config.timeouts;
         let first_byte = Duration::from_millis(timeouts.first_byte_ms);
         let max_idle = Duration::from_millis(timeouts.pool_idle_ms);
+        let client_req = client.req_header();
+        let path = client_req
+            .uri
+            .path_and_query()
+            .map_or(self.endpoint.path(), |p| p.as_str());
+        let authority = &replica.upstream.authority;
+        let request =
+            upstream_wire::render(client_req, path, authority, self.request_id, &self.body);
         for _ in 0..3 {
             let pooled = self.gateway.idle.take(key, max_idle);
             let connected = match pooled {
@@ -274,8 +268,7 @@ impl Forward<'_> {
                     });
                 }
             };
-            let request = self.upstream_request(client, replica);
-            let written = write_request(stream, &request, first_byte).await;
+            let written = upstream_wire::write(stream, &request, first_byte).await;
             let mut upstream = match written {
                 Ok(stream) => HttpSession::H1(Http1Session::new_with_options(stream, peer)),
                 Err(e) => {
@@ -382,48 +375,6 @@ impl Forward<'_> {
         .await;
         let outcome = Outcome::of(sent);
         Attempt::Done(outcome, status)
-    }
-
-    /// The request as it goes to `replica`, on the wire: the client's method, path and
-    /// headers (less those of one connection and those set here), the replica's host, the
-    /// body's length and the request id, then the body. Every part was parsed from the client's
-    /// request or the config, so none can break the framing.
-    fn upstream_request(&self, client: &ServerSession, replica: &Replica) -> BytesMut {
-        let req = client.req_header();
-        let path = req
-            .uri
-            .path_and_query()
-            .map_or(self.endpoint.path(), |p| p.as_str());
-        let mut wire = BytesMut::with_capacity(512 + self.body.len());
-        let mut line = |parts: &[&[u8]]| {
-            for part in parts {
-                wire.extend_from_slice(part);
-            }
-            wire.extend_from_slice(b"\r\n");
-        };
-        line(&[
-            req.method.as_str().as_bytes(),
-            b" ",
-            path.as_bytes(),
-            b" HTTP/1.1",
-        ]);
-        for (name, value) in &req.headers {
-            let skip = HOP_BY_HOP.contains(&name.as_str())
-                || name == http::header::HOST
-                || name == http::header::CONTENT_LENGTH
-                || name == http::header::TRANSFER_ENCODING
-                || name.as_str() == "x-request-id";
-            if !skip {
-                line(&[name.as_str().as_bytes(), b": ", value.as_bytes()]);
-            }
-        }
-        let authority = replica.upstream.authority.as_bytes();
-        line(&[b"host: ", authority]);
-        line(&[b"content-length: ", self.body.len().to_string().as_bytes()]);
-        line(&[b"x-request-id: ", self.request_id.to_string().as_bytes()]);
-        line(&[]);
-        wire.extend_from_slice(&self.body);
-        wire
     }
 
     fn client_header(
@@ -590,30 +541,6 @@ async fn end_with_error(client: &mut ServerSession, error: &ApiError) -> Outcome
         .is_ok()
         && client.finish_body().await.is_ok();
     Outcome::of(ended)
-}
-
-/// Sends the request, header and body, in one write: Pingora's session sends its header alone
-/// first, which costs a system call and wakes the replica for a request it cannot yet read.
-/// The session reading the response then sees no request written, which matters to it only for
-/// `HEAD`, upgrades and `connection: close`, none of which the gateway forwards.
-async fn write_request(
-    mut stream: Stream,
-    request: &[u8],
-    limit: Duration,
-) -> pingora_core::Result<Stream> {
-    let write = async {
-        stream.write_all(request).await?;
-        stream.flush().await
-    };
-    match fast_timeout(limit, write).await {
-        Ok(Ok(())) => Ok(stream),
-        Ok(Err(e)) => Err(pingora_core::Error::because(
-            ErrorType::WriteError,
-            "while writing the request",
-            e,
-        )),
-        Err(_) => pingora_core::Error::e_explain(ErrorType::WriteTimedout, "writing the request"),
-    }
 }
 
 fn is_timeout(e: &pingora_core::Error) -> bool {

@@ -9,6 +9,7 @@ pub mod header;
 pub mod request;
 pub mod respond;
 mod this_thread;
+mod upstream_wire;
 
 use crate::classes::Class;
 use crate::config::PdPool;
