@@ -61,7 +61,11 @@ fn chat_text(template: &ChatTemplate, request: &GenerationRequest) -> String {
         .flatten()
         .map(|m| TemplateMessage {
             role: m.role.clone(),
-            content: m.content.as_ref().map(|c| c.text()).unwrap_or_default(),
+            content: m
+                .content
+                .as_ref()
+                .map(|c| c.text().into_owned())
+                .unwrap_or_default(),
         })
         .collect();
     template.render(&messages).unwrap_or_default()
@@ -121,7 +125,7 @@ fn bench(c: &mut Criterion) {
     let turn = |i: usize| {
         let user = reqs[i].messages.iter().flatten().nth(1);
         user.and_then(|m| m.content.as_ref())
-            .map(|c| c.text())
+            .map(|c| c.text().into_owned())
             .unwrap_or_default()
     };
     let mut group = c.benchmark_group("user_turn");

@@ -2,10 +2,10 @@
 //! the chat template, text prompts tokenized with special-token text parsed, token prompts
 //! taken as they are. The worker and the gateway both apply it, so their block hashes agree.
 
-use crate::template::TemplateMessage;
 use crate::PromptModel;
 use kvgate_protocol::openai::{Endpoint, GenerationRequest, Prompt};
 use kvgate_protocol::{ApiError, ErrorKind};
+use std::borrow::Cow;
 
 fn invalid(message: String, param: &str) -> ApiError {
     ApiError::new(ErrorKind::InvalidRequest, message).with_param(param)
@@ -81,15 +81,11 @@ impl PromptModel {
                     .map(|c| c.text_len())
                     .fold(0usize, usize::saturating_add);
                 fits(text_bytes, "messages")?;
-                let messages: Vec<TemplateMessage> = messages
-                    .iter()
-                    .map(|m| TemplateMessage {
-                        role: m.role.clone(),
-                        content: m.content.as_ref().map(|c| c.text()).unwrap_or_default(),
-                    })
-                    .collect();
                 let text = template
-                    .render(&messages)
+                    .render_each(messages.iter().map(|m| {
+                        let content = m.content.as_ref().map_or(Cow::Borrowed(""), |c| c.text());
+                        (m.role.as_str(), content)
+                    }))
                     .map_err(|e| invalid(e, "messages"))?;
                 (encode(&text, "messages")?, "messages")
             }

@@ -3,13 +3,37 @@
 //! Like them, and like llama-cpp-python's Jinja formatter, it injects whatever default system
 //! prompt the template itself adds; llama.cpp's built-in C ChatML function does not.
 
+use minijinja::value::{Enumerator, Object};
 use minijinja::{Environment, ErrorKind, Value};
-use serde::Serialize;
+use std::borrow::Cow;
+use std::sync::Arc;
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct TemplateMessage {
     pub role: String,
     pub content: String,
+}
+
+/// A message as the template reads it (`message.role`, `message['content']`): its two strings
+/// as they are, without a map built for each.
+#[derive(Debug)]
+struct MessageObject {
+    role: Value,
+    content: Value,
+}
+
+impl Object for MessageObject {
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        match key.as_str()? {
+            "role" => Some(self.role.clone()),
+            "content" => Some(self.content.clone()),
+            _ => None,
+        }
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Str(&["role", "content"])
+    }
 }
 
 pub struct ChatTemplate {
@@ -48,14 +72,76 @@ impl ChatTemplate {
 
     /// The prompt text for `messages`, ending with the assistant's turn opener.
     pub fn render(&self, messages: &[TemplateMessage]) -> Result<String, String> {
+        self.render_each(
+            messages
+                .iter()
+                .map(|m| (m.role.as_str(), Cow::from(m.content.as_str()))),
+        )
+    }
+
+    /// As [`ChatTemplate::render`], for messages given as (role, content).
+    pub fn render_each<'a>(
+        &self,
+        messages: impl Iterator<Item = (&'a str, Cow<'a, str>)>,
+    ) -> Result<String, String> {
+        let messages: Value = messages
+            .map(|(role, content)| {
+                Value::from_object(MessageObject {
+                    role: Value::from(role),
+                    content: Value::from(content),
+                })
+            })
+            .collect();
         let template = self.env.get_template("chat").map_err(|e| e.to_string())?;
         template
             .render(minijinja::context! {
-                messages => Value::from(minijinja::value::Serde(messages)),
+                messages => messages,
                 add_generation_prompt => true,
                 bos_token => &self.bos_token,
                 eos_token => &self.eos_token,
             })
             .map_err(|e| format!("chat template: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(role: &str, content: &str) -> TemplateMessage {
+        TemplateMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+
+    #[test]
+    fn a_message_reads_as_a_map_of_role_and_content() {
+        // What chat templates do with a message, rendered as jinja2 renders it for a dict.
+        let source = "{% for m in messages %}\
+            {% if loop.first and m['role'] != 'system' %}[default]{% endif %}\
+            <{{ m.role }}>{{ m['content'] | trim }}\
+            {% if 'content' in m and 'tool_calls' not in m %}+{% endif %}\
+            {% for k, v in m | items %}{{ k }}={{ v | length }};{% endfor %}\
+            {{ m.name is defined }}\
+            {% endfor %}\
+            {% if add_generation_prompt %}<assistant>{% endif %}{{ messages | length }}";
+        let template = ChatTemplate::new(source.into(), "<s>".into(), "</s>".into()).unwrap();
+        let text = template
+            .render(&[message("user", " hi "), message("assistant", "yo")])
+            .unwrap();
+        assert_eq!(
+            text,
+            "[default]<user>hi+role=4;content=4;False<assistant>yo+role=9;content=2;False<assistant>2"
+        );
+    }
+
+    #[test]
+    fn raise_exception_is_an_error_with_its_message() {
+        let source = "{% if messages[0].role == 'tool' %}{{ raise_exception('no tool first') }}{% endif %}ok";
+        let template = ChatTemplate::new(source.into(), String::new(), String::new()).unwrap();
+        let err = template.render(&[message("tool", "x")]).unwrap_err();
+        assert!(err.contains("no tool first"), "{err}");
+        assert_eq!(template.render(&[message("user", "x")]).unwrap(), "ok");
     }
 }

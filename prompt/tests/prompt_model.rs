@@ -359,3 +359,62 @@ fn a_new_turn_behind_a_cached_system_prompt_fits_a_small_budget() {
     );
     assert_eq!(first.len(), second.len());
 }
+
+/// The GGUF's chat template rendered the plain way, its messages serialised into maps: what
+/// the template's message objects must render alike.
+fn reference_render(messages: &[(&str, &str)]) -> String {
+    static ENV: OnceLock<minijinja::Environment<'static>> = OnceLock::new();
+    let env = ENV.get_or_init(|| {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        let gguf = Gguf::open(&path).unwrap();
+        let source = gguf.get_str("tokenizer.chat_template").unwrap().to_string();
+        let mut env = minijinja::Environment::new();
+        let syntax = minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .unwrap();
+        env.set_syntax(syntax);
+        env.add_template_owned("chat", source).unwrap();
+        env
+    });
+    let messages: Vec<_> = messages
+        .iter()
+        .map(|(role, content)| serde_json::json!({"role": role, "content": content}))
+        .collect();
+    let m = model();
+    let token = |id| m.tokenizer.token_string(id);
+    env.get_template("chat")
+        .unwrap()
+        .render(minijinja::context! {
+            messages => minijinja::Value::from(minijinja::value::Serde(&messages)),
+            add_generation_prompt => true,
+            bos_token => token(m.tokenizer.bos_token_id),
+            eos_token => token(m.tokenizer.eos_token_id),
+        })
+        .unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(100))]
+    #[test]
+    fn the_chat_template_renders_as_with_serialised_messages(
+        messages in prop::collection::vec(
+            (prop::sample::select(vec!["system", "user", "assistant"]), 0..PIECES.len()),
+            1..6,
+        )
+    ) {
+        let messages: Vec<(&str, &str)> = messages.iter().map(|&(r, i)| (r, PIECES[i])).collect();
+        let template = model().template.as_ref().unwrap();
+        let ours = template
+            .render(
+                &messages
+                    .iter()
+                    .map(|&(role, content)| TemplateMessage { role: role.into(), content: content.into() })
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap();
+        prop_assert_eq!(ours, reference_render(&messages));
+    }
+}

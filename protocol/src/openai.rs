@@ -5,6 +5,7 @@
 pub use crate::json_body::deserialize;
 use crate::{ApiError, ErrorKind};
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 
 /// A `POST /v1/chat/completions` (with `messages`) or `POST /v1/completions` (with `prompt`)
 /// request. One type for both, with no flattening, so that a parse error names its field and a
@@ -342,15 +343,17 @@ impl MessageContent {
         }
     }
 
-    /// The text of the content, parts joined without separators.
-    pub fn text(&self) -> String {
+    /// The text of the content, parts joined without separators (a copy only for parts).
+    pub fn text(&self) -> Cow<'_, str> {
         match self {
-            MessageContent::Text(s) => s.clone(),
-            MessageContent::Parts(parts) => parts
-                .iter()
-                .filter_map(|p| p.text.as_deref())
-                .collect::<Vec<_>>()
-                .concat(),
+            MessageContent::Text(s) => Cow::Borrowed(s),
+            MessageContent::Parts(parts) => Cow::Owned(
+                parts
+                    .iter()
+                    .filter_map(|p| p.text.as_deref())
+                    .collect::<Vec<_>>()
+                    .concat(),
+            ),
         }
     }
 }
@@ -512,7 +515,7 @@ mod tests {
             r#"{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url"},{"type":"text","text":"b"}]}"#,
         )
         .unwrap();
-        assert_eq!(m.content.map(|c| c.text()), Some("ab".into()));
+        assert_eq!(m.content.as_ref().map(|c| c.text()), Some("ab".into()));
     }
 
     #[test]

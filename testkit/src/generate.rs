@@ -50,7 +50,12 @@ fn echoed_text(endpoint: Endpoint, request: &GenerationRequest) -> (String, Stri
     };
     match (endpoint, &request.messages, &request.prompt) {
         (Endpoint::Chat, Some(messages), _) => {
-            let text = |m: &ChatMessage| m.content.as_ref().map(|c| c.text()).unwrap_or_default();
+            let text = |m: &ChatMessage| {
+                m.content
+                    .as_ref()
+                    .map(|c| c.text().into_owned())
+                    .unwrap_or_default()
+            };
             let last_user = messages
                 .iter()
                 .rev()
