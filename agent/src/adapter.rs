@@ -88,7 +88,6 @@ impl EngineAdapter for Kvgate {
             waiting: count(e.waiting),
             kv_blocks_total: e.kv_blocks_total as u64,
             kv_blocks_used: e.kv_blocks_total.saturating_sub(e.kv_blocks_free) as u64,
-            kv_blocks_spare: Some(e.kv_blocks_spare as u64),
             block_size: count(e.block_size),
             spec: (e.spec.drafts > 0).then_some(SpecCounters {
                 drafts: e.spec.drafts,
@@ -156,7 +155,8 @@ impl EngineAdapter for Vllm {
                         .value("vllm:spec_decode_num_accepted_tokens_total")
                         .unwrap_or(0.0) as u64,
                 }),
-            ..EngineLoad::default()
+            host_block_value: None,
+            disk_block_value: None,
         })
     }
 }

@@ -25,9 +25,6 @@ pub struct ReplicaView {
     pub stale: bool,
     /// Fraction of its KV blocks in use, as its agent last reported (`None` without reports).
     pub kv_usage: Option<f64>,
-    /// Tokens its free KV blocks can take without evicting a prefix a request has reused, as
-    /// its agent last reported (`None` when the engine does not say).
-    pub kv_spare_tokens: Option<u64>,
     /// For a request naming a LoRA adapter: 1 if resident here, 0.5 if a slot is free to load
     /// it, else 0 (and 0 for every replica when the request names no adapter).
     pub adapter_fit: f64,

@@ -341,7 +341,6 @@ impl FleetState {
                     .saturating_add(peers.get(id.0 as usize).copied().unwrap_or(0)),
                 stale: r.freshness(self.ages, now_ms) == Freshness::Stale,
                 kv_usage: r.reported_kv_usage(),
-                kv_spare_tokens: r.agent.as_ref().and_then(|a| a.load.kv_spare_tokens()),
                 adapter_fit,
             })
             .collect();

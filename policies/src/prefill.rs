@@ -15,8 +15,6 @@ pub(crate) struct PromptWork {
     /// recompute counts besides itself.
     most_held: f64,
     recompute_penalty: f64,
-    /// The recompute at which the penalty is whole (0: always whole).
-    penalty_full_at: u64,
 }
 
 impl PromptWork {
@@ -26,18 +24,15 @@ impl PromptWork {
             blocks: blocks as f64,
             most_held: 0.0,
             recompute_penalty: 0.0,
-            penalty_full_at: 0,
         }
     }
 
     /// Counts the tokens a replica would recompute, of the `most_held` blocks some candidate
-    /// holds, `penalty` times more; a recompute shorter than `full_at` tokens (when not 0) that
-    /// share of `penalty` times more.
-    pub fn with_recompute_penalty(self, most_held: f64, penalty: f64, full_at: u64) -> Self {
+    /// holds, `penalty` times more.
+    pub fn with_recompute_penalty(self, most_held: f64, penalty: f64) -> Self {
         PromptWork {
             most_held,
             recompute_penalty: penalty.max(0.0),
-            penalty_full_at: full_at,
             ..self
         }
     }
@@ -56,26 +51,13 @@ impl PromptWork {
     /// The prefill ahead of this request's first token on `r`: its backlog and the part of
     /// the prompt it does not hold, that part's recompute of what another holds penalised.
     pub fn ahead_on(&self, r: &ReplicaView, held: f64) -> u64 {
-        let uncached = self.uncached(held);
-        let recompute = uncached.saturating_sub(self.uncached(self.most_held));
-        let weight = self.penalty_weight(r, uncached, recompute);
-        let penalty = (recompute as f64 * self.recompute_penalty * weight).round() as u64;
+        let recompute = self
+            .uncached(held)
+            .saturating_sub(self.uncached(self.most_held));
+        let penalty = (recompute as f64 * self.recompute_penalty).round() as u64;
         r.prefill_backlog
-            .saturating_add(uncached)
+            .saturating_add(self.uncached(held))
             .saturating_add(penalty)
-    }
-
-    /// The share of the penalty a recompute of `recompute` tokens (of `uncached` new to `r`)
-    /// counts: its length's share of `penalty_full_at`, or the share of the new tokens that
-    /// would evict a prefix in use there where that is more; the whole penalty without
-    /// `penalty_full_at`.
-    fn penalty_weight(&self, r: &ReplicaView, uncached: u64, recompute: u64) -> f64 {
-        match self.penalty_full_at {
-            0 => 1.0,
-            full_at => (recompute as f64 / full_at as f64)
-                .min(1.0)
-                .max(evicting_share(r, uncached)),
-        }
     }
 
     /// The signal: `(least + prompt) / (work + prompt)`, 1 for the replica with the least work,
@@ -83,19 +65,6 @@ impl PromptWork {
     pub fn relative(&self, least: u64, work: u64) -> f64 {
         let prompt = self.tokens.max(1) as f64;
         (least as f64 + prompt) / (work as f64 + prompt)
-    }
-}
-
-/// The share of `tokens` new to `r` that would take the place of a prefix in use there: what
-/// its spare blocks cannot hold, less what the gateway has sent it since its report (the
-/// backlog, not yet in its blocks). All of it when its engine does not say.
-fn evicting_share(r: &ReplicaView, tokens: u64) -> f64 {
-    match r.kv_spare_tokens {
-        Some(spare) if tokens > 0 => {
-            let spare = spare.saturating_sub(r.prefill_backlog);
-            tokens.saturating_sub(spare) as f64 / tokens as f64
-        }
-        _ => 1.0,
     }
 }
 
@@ -111,47 +80,6 @@ mod tests {
         assert_eq!(w.uncached(10.0), 0);
         // Shorter than one block: nothing can be held.
         assert_eq!(PromptWork::new(7, 0).uncached(0.0), 7);
-    }
-
-    #[test]
-    fn a_short_recompute_that_fits_in_spare_blocks_is_penalised_in_proportion() {
-        let idle = |spare: Option<u64>| ReplicaView {
-            id: crate::ReplicaId(0),
-            healthy: true,
-            in_flight: 0,
-            max_in_flight: None,
-            waiting: 0,
-            prefill_backlog: 0,
-            stale: false,
-            kv_usage: None,
-            kv_spare_tokens: spare,
-            adapter_fit: 0.0,
-        };
-        let roomy = idle(Some(10_000));
-        // 1,000 tokens, 10 blocks; another candidate holds 8 of them (800 tokens).
-        let whole = PromptWork::new(1_000, 10).with_recompute_penalty(8.0, 2.0, 0);
-        assert_eq!(whole.ahead_on(&roomy, 0.0), 1_000 + 2 * 800);
-        let ramp = PromptWork::new(1_000, 10).with_recompute_penalty(8.0, 2.0, 1_600);
-        assert_eq!(ramp.ahead_on(&roomy, 0.0), 1_000 + 800);
-        // Holding 4 blocks, it would recompute 400 tokens: a quarter of full_at.
-        assert_eq!(ramp.ahead_on(&roomy, 4.0), 600 + 200);
-        // At full_at and past it the penalty is whole.
-        let short_ramp = PromptWork::new(1_000, 10).with_recompute_penalty(8.0, 2.0, 800);
-        assert_eq!(short_ramp.ahead_on(&roomy, 0.0), 1_000 + 2 * 800);
-        // The holder recomputes nothing, whatever the ramp.
-        assert_eq!(ramp.ahead_on(&roomy, 8.0), 200);
-        // Spare room for 750 of the 1,000 new tokens: a quarter of them would evict a reused
-        // prefix, less than the length's half; room for 250: three quarters would, more.
-        assert_eq!(ramp.ahead_on(&idle(Some(750)), 0.0), 1_000 + 800);
-        assert_eq!(ramp.ahead_on(&idle(Some(250)), 0.0), 1_000 + 1_200);
-        // What the gateway sent it since the report takes that room first.
-        let busy = ReplicaView {
-            prefill_backlog: 500,
-            ..idle(Some(750))
-        };
-        assert_eq!(ramp.ahead_on(&busy, 0.0), 500 + 1_000 + 1_200);
-        // An engine that does not say how much is spare: the whole penalty.
-        assert_eq!(ramp.ahead_on(&idle(None), 0.0), 1_000 + 2 * 800);
     }
 
     #[test]

@@ -90,10 +90,6 @@ pub struct EngineLoad {
     pub kv_blocks_used: u64,
     /// Tokens per KV block (0 when the engine does not say).
     pub block_size: u32,
-    /// Free blocks whose eviction loses no prefix a request has reused, when the engine says
-    /// (the kvgate worker does): what a copy of a prefix can take without evicting one in use.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kv_blocks_spare: Option<u64>,
     /// Speculative decoding's counters since the engine started, when it speculates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<SpecCounters>,
@@ -124,14 +120,6 @@ impl SpecCounters {
 }
 
 impl EngineLoad {
-    /// Tokens the spare blocks hold (`None` unless the engine says, with its block size).
-    pub fn kv_spare_tokens(&self) -> Option<u64> {
-        let block_size = u64::from(self.block_size);
-        (block_size > 0)
-            .then_some(self.kv_blocks_spare?)
-            .map(|blocks| blocks.saturating_mul(block_size))
-    }
-
     /// Fraction of KV blocks in use (0 when the engine reports no blocks).
     pub fn kv_usage(&self) -> f64 {
         if self.kv_blocks_total == 0 {

@@ -29,10 +29,6 @@ pub struct EngineStats {
     pub kv_blocks_free: usize,
     /// Free blocks still holding a cached prefix (reusable until evicted).
     pub kv_blocks_cached: usize,
-    /// Free blocks whose eviction loses no prefix a request has reused (empty, or cached and
-    /// never hit since): what a new prefix can take without costing another its place.
-    #[serde(default)]
-    pub kv_blocks_spare: usize,
     pub block_size: usize,
     pub preemptions: u64,
     pub prompt_tokens: u64,

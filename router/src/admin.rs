@@ -312,7 +312,6 @@ fn status_json(
             "waiting": a.load.waiting,
             "kv_blocks_total": a.load.kv_blocks_total,
             "kv_usage": a.load.kv_usage(),
-            "kv_blocks_spare": a.load.kv_blocks_spare,
             "adapters": a.load.adapters,
             "gpus": a.gpus,
         })

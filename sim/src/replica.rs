@@ -116,7 +116,6 @@ impl Replica {
                 waiting: stats.waiting as u32,
                 kv_blocks_total: stats.kv_blocks_total as u64,
                 kv_blocks_used: stats.kv_blocks_total.saturating_sub(stats.kv_blocks_free) as u64,
-                kv_blocks_spare: Some(stats.kv_blocks_spare as u64),
                 block_size: stats.block_size as u32,
                 ..Default::default()
             },

@@ -146,7 +146,6 @@ fn fleet(replicas: u32) -> Vec<ReplicaView> {
             prefill_backlog: u64::from(i % 5) * 1_000,
             stale: false,
             kv_usage: None,
-            kv_spare_tokens: None,
             adapter_fit: 0.0,
         })
         .collect()

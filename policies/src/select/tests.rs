@@ -70,7 +70,6 @@ fn view(loads: &[u32]) -> Vec<ReplicaView> {
             prefill_backlog: 0,
             stale: false,
             kv_usage: None,
-            kv_spare_tokens: None,
             adapter_fit: 0.0,
         })
         .collect()

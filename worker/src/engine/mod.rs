@@ -415,7 +415,6 @@ impl<B: Backend> Engine<B> {
             kv_blocks_total: self.kv.total_blocks(),
             kv_blocks_free: self.kv.free_blocks(),
             kv_blocks_cached: self.kv.cached_blocks(),
-            kv_blocks_spare: self.kv.spare_blocks(),
             block_size: self.kv.block_size(),
             spec: self
                 .spec

@@ -237,11 +237,6 @@ impl KvManager {
         self.pool.borrow().cached_blocks()
     }
 
-    /// Free blocks whose eviction loses no prefix a request has reused.
-    pub fn spare_blocks(&self) -> usize {
-        self.pool.borrow().spare_blocks()
-    }
-
     pub fn cached_hashes(&self) -> Vec<u64> {
         self.pool.borrow().cached_hashes()
     }

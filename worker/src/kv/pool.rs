@@ -5,10 +5,6 @@
 //! tail, so the least recently used is evicted first; a freed uncached block goes to the head,
 //! so it is reused before any cached one. Allocation pops the head and drops its hash then.
 //! Block 0 is a null placeholder that is never handed out.
-//!
-//! The pool also counts its spare blocks: free ones whose eviction loses nothing a request has
-//! reused (empty, or cached and never hit since). A copy of a prefix that fits in them costs
-//! no other prefix its place.
 
 use kvgate_protocol::kv_events::{KvEvent, Tier};
 use kvgate_protocol::HashKeyMap;
@@ -24,17 +20,9 @@ struct Block {
     hash: Option<u64>,
     /// The hash of the block before this one in its chain, while `hash` is set.
     parent: Option<u64>,
-    /// A prefix-cache hit has found `hash` since it was cached.
-    reused: bool,
     prev: u32,
     next: u32,
     free: bool,
-}
-
-impl Block {
-    fn is_spare(&self) -> bool {
-        self.hash.is_none() || !self.reused
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -43,8 +31,6 @@ pub struct BlockPool {
     head: u32,
     tail: u32,
     free_count: usize,
-    /// Free blocks that are empty or hold a hash never reused.
-    spare_count: usize,
     by_hash: HashKeyMap<BlockId>,
     events: Vec<KvEvent>,
     /// Cached blocks taken for reuse since the last call to `take_evicted`, while kept.
@@ -68,7 +54,6 @@ impl BlockPool {
                     ref_count: 0,
                     hash: None,
                     parent: None,
-                    reused: false,
                     prev: NIL,
                     next: NIL,
                     free: false
@@ -78,7 +63,6 @@ impl BlockPool {
             head: NIL,
             tail: NIL,
             free_count: 0,
-            spare_count: 0,
             by_hash: HashKeyMap::default(),
             events: Vec::new(),
             evicted: None,
@@ -92,11 +76,6 @@ impl BlockPool {
     /// Blocks that can be handed out (free, including evictable cached ones).
     pub fn free_blocks(&self) -> usize {
         self.free_count
-    }
-
-    /// Free blocks whose eviction loses no prefix a request has reused.
-    pub fn spare_blocks(&self) -> usize {
-        self.spare_count
     }
 
     /// Usable blocks (all but the null block).
@@ -121,7 +100,6 @@ impl BlockPool {
         }
         self.unlink(id);
         let parent = self.blocks[id as usize].parent.take();
-        self.blocks[id as usize].reused = false;
         if let Some(hash) = self.blocks[id as usize].hash.take() {
             self.by_hash.remove(&hash);
             if let Some(evicted) = &mut self.evicted {
@@ -142,7 +120,6 @@ impl BlockPool {
         if self.blocks[id as usize].free {
             self.unlink(id);
         }
-        self.blocks[id as usize].reused = true;
         self.blocks[id as usize].ref_count += 1;
         Some(id)
     }
@@ -213,9 +190,7 @@ impl BlockPool {
         for block in &mut self.blocks {
             block.hash = None;
             block.parent = None;
-            block.reused = false;
         }
-        self.spare_count = self.free_count;
         if let Some(evicted) = &mut self.evicted {
             evicted.clear();
         }
@@ -251,17 +226,6 @@ impl BlockPool {
             return Err(format!(
                 "free count {} but list has {free}",
                 self.free_count
-            ));
-        }
-        let spare = self
-            .blocks
-            .iter()
-            .filter(|b| b.free && b.is_spare())
-            .count();
-        if spare != self.spare_count {
-            return Err(format!(
-                "spare count {} but {spare} free blocks are spare",
-                self.spare_count
             ));
         }
         for (id, b) in self.blocks.iter().enumerate().skip(1) {
@@ -309,9 +273,6 @@ impl BlockPool {
         b.prev = NIL;
         b.next = NIL;
         self.free_count -= 1;
-        if b.is_spare() {
-            self.spare_count -= 1;
-        }
     }
 
     fn push_tail(&mut self, id: u32) {
@@ -326,7 +287,6 @@ impl BlockPool {
         }
         self.tail = id;
         self.free_count += 1;
-        self.spare_count += usize::from(self.blocks[id as usize].is_spare());
     }
 
     fn push_head(&mut self, id: u32) {
@@ -341,7 +301,6 @@ impl BlockPool {
         }
         self.head = id;
         self.free_count += 1;
-        self.spare_count += usize::from(self.blocks[id as usize].is_spare());
     }
 }
 
@@ -382,44 +341,6 @@ mod tests {
         );
         assert_eq!(pool.allocate(), None);
         pool.check(&[0, 1, 1, 1]).unwrap();
-    }
-
-    #[test]
-    fn spare_blocks_are_the_free_ones_whose_eviction_loses_no_reused_prefix() {
-        let mut pool = BlockPool::new(5); // 4 usable
-        assert_eq!(pool.spare_blocks(), 4);
-        let (a, b, c) = (
-            pool.allocate().unwrap(),
-            pool.allocate().unwrap(),
-            pool.allocate().unwrap(),
-        );
-        assert_eq!(pool.spare_blocks(), 1);
-        assert!(pool.cache(a, 10, None) && pool.cache(b, 11, Some(10)));
-        pool.release(a);
-        pool.release(b);
-        pool.release(c);
-        // Cached once and never hit: evicting them loses nothing reused so far.
-        assert_eq!(pool.spare_blocks(), 4);
-        assert_eq!(pool.touch(10), Some(a));
-        pool.release(a);
-        assert_eq!((pool.free_blocks(), pool.spare_blocks()), (4, 3));
-        pool.check(&[0; 5]).unwrap();
-        // Evicted and used again, the block is new: its reuse went with its hash.
-        let taken: Vec<BlockId> = (0..4).map(|_| pool.allocate().unwrap()).collect();
-        assert_eq!(pool.spare_blocks(), 0);
-        taken.iter().for_each(|&id| pool.release(id));
-        assert_eq!(pool.spare_blocks(), 4);
-        pool.check(&[0; 5]).unwrap();
-        // A reset forgets every prefix: every free block is spare.
-        let d = pool.allocate().unwrap();
-        assert!(pool.cache(d, 12, None));
-        pool.release(d);
-        assert_eq!(pool.touch(12), Some(d));
-        pool.release(d);
-        assert_eq!(pool.spare_blocks(), 3);
-        pool.clear_cache();
-        assert_eq!(pool.spare_blocks(), 4);
-        pool.check(&[0; 5]).unwrap();
     }
 
     #[test]
