@@ -1,5 +1,7 @@
 //! The chat template from `tokenizer.chat_template`, rendered with minijinja as Python's jinja2
-//! renders it for Hugging Face and vLLM (`trim_blocks`, `lstrip_blocks`, `raise_exception`).
+//! renders it for Hugging Face and vLLM (`trim_blocks`, `lstrip_blocks`, `raise_exception`,
+//! and the Python string and dict methods templates call, such as `content.strip()`,
+//! `content.startswith(...)`, `content.split(...)` and `tool.items()`, from minijinja-contrib).
 //! Like them, and like llama-cpp-python's Jinja formatter, it injects whatever default system
 //! prompt the template itself adds; llama.cpp's built-in C ChatML function does not.
 
@@ -55,6 +57,7 @@ impl ChatTemplate {
             .build()
             .map_err(|e| e.to_string())?;
         env.set_syntax(syntax);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function(
             "raise_exception",
             |message: String| -> Result<Value, minijinja::Error> {
@@ -133,6 +136,28 @@ mod tests {
         assert_eq!(
             text,
             "[default]<user>hi+role=4;content=4;False<assistant>yo+role=9;content=2;False<assistant>2"
+        );
+    }
+
+    #[test]
+    fn python_string_and_dict_methods_work_as_in_jinja2() {
+        // As Qwen's and other templates call them; the expected text is jinja2's.
+        let source = "{% for m in messages %}\
+            {% set content = m.content.strip() %}\
+            {% if content.startswith('<think>') %}{% set content = content.split('</think>')[-1].lstrip('\\n') %}{% endif %}\
+            [{{ m.role.upper() }}|{{ content }}|{{ content.endswith('?') }}]\
+            {% for k, v in m.items() %}{{ k }};{% endfor %}\
+            {% endfor %}";
+        let template = ChatTemplate::new(source.into(), String::new(), String::new()).unwrap();
+        let text = template
+            .render(&[
+                message("user", "  Why?  "),
+                message("assistant", "<think>hmm</think>\nBecause."),
+            ])
+            .unwrap();
+        assert_eq!(
+            text,
+            "[USER|Why?|True]role;content;[ASSISTANT|Because.|False]role;content;"
         );
     }
 
