@@ -2,6 +2,7 @@
 //! the chat template, text prompts tokenized with special-token text parsed, token prompts
 //! taken as they are. The worker and the gateway both apply it, so their block hashes agree.
 
+use crate::template::RenderError;
 use crate::PromptModel;
 use kvgate_protocol::openai::{Endpoint, GenerationRequest, Prompt};
 use kvgate_protocol::{ApiError, ErrorKind};
@@ -86,7 +87,12 @@ impl PromptModel {
                         let content = m.content.as_ref().map_or(Cow::Borrowed(""), |c| c.text());
                         (m.role.as_str(), content)
                     }))
-                    .map_err(|e| invalid(e, "messages"))?;
+                    .map_err(|e| match e {
+                        RenderError::Refused(m) => invalid(m, "messages"),
+                        // Not the request's fault: an internal error, which a gateway routing
+                        // by tokens answers by routing this request by its text instead.
+                        RenderError::Unsupported(m) => ApiError::new(ErrorKind::Internal, m),
+                    })?;
                 (encode(&text, "messages")?, "messages")
             }
             (_, _, Some(Prompt::Text(text))) => (encode(text, "prompt")?, "prompt"),

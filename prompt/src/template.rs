@@ -8,7 +8,39 @@
 use minijinja::value::{Enumerator, Object};
 use minijinja::{Environment, ErrorKind, Value};
 use std::borrow::Cow;
+use std::fmt;
 use std::sync::Arc;
+
+/// Why a conversation did not render.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RenderError {
+    /// The template refused it: its `raise_exception`, or an operation jinja2 fails on too.
+    Refused(String),
+    /// The template calls a method, filter, test or function this renderer lacks (and jinja2,
+    /// or the engine's own renderer, may have): no fault of the conversation.
+    Unsupported(String),
+}
+
+impl fmt::Display for RenderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RenderError::Refused(m) | RenderError::Unsupported(m) => f.write_str(m),
+        }
+    }
+}
+
+impl From<minijinja::Error> for RenderError {
+    fn from(e: minijinja::Error) -> Self {
+        let message = format!("chat template: {e}");
+        match e.kind() {
+            ErrorKind::UnknownMethod
+            | ErrorKind::UnknownFilter
+            | ErrorKind::UnknownTest
+            | ErrorKind::UnknownFunction => RenderError::Unsupported(message),
+            _ => RenderError::Refused(message),
+        }
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct TemplateMessage {
@@ -74,7 +106,7 @@ impl ChatTemplate {
     }
 
     /// The prompt text for `messages`, ending with the assistant's turn opener.
-    pub fn render(&self, messages: &[TemplateMessage]) -> Result<String, String> {
+    pub fn render(&self, messages: &[TemplateMessage]) -> Result<String, RenderError> {
         self.render_each(
             messages
                 .iter()
@@ -86,7 +118,7 @@ impl ChatTemplate {
     pub fn render_each<'a>(
         &self,
         messages: impl Iterator<Item = (&'a str, Cow<'a, str>)>,
-    ) -> Result<String, String> {
+    ) -> Result<String, RenderError> {
         let messages: Value = messages
             .map(|(role, content)| {
                 Value::from_object(MessageObject {
@@ -95,15 +127,13 @@ impl ChatTemplate {
                 })
             })
             .collect();
-        let template = self.env.get_template("chat").map_err(|e| e.to_string())?;
-        template
-            .render(minijinja::context! {
-                messages => messages,
-                add_generation_prompt => true,
-                bos_token => &self.bos_token,
-                eos_token => &self.eos_token,
-            })
-            .map_err(|e| format!("chat template: {e}"))
+        let template = self.env.get_template("chat")?;
+        Ok(template.render(minijinja::context! {
+            messages => messages,
+            add_generation_prompt => true,
+            bos_token => &self.bos_token,
+            eos_token => &self.eos_token,
+        })?)
     }
 }
 
@@ -162,11 +192,30 @@ mod tests {
     }
 
     #[test]
+    fn a_method_or_filter_the_renderer_lacks_is_unsupported_not_refused() {
+        for source in [
+            "{{ messages[0].content.casefold() }}",
+            "{{ messages[0].content | wordcount }}",
+            "{{ strftime_now('%Y') }}",
+        ] {
+            let template = ChatTemplate::new(source.into(), String::new(), String::new()).unwrap();
+            let err = template.render(&[message("user", "x")]).unwrap_err();
+            assert!(
+                matches!(err, RenderError::Unsupported(_)),
+                "{source}: {err:?}"
+            );
+        }
+    }
+
+    #[test]
     fn raise_exception_is_an_error_with_its_message() {
         let source = "{% if messages[0].role == 'tool' %}{{ raise_exception('no tool first') }}{% endif %}ok";
         let template = ChatTemplate::new(source.into(), String::new(), String::new()).unwrap();
         let err = template.render(&[message("tool", "x")]).unwrap_err();
-        assert!(err.contains("no tool first"), "{err}");
+        assert!(
+            matches!(&err, RenderError::Refused(m) if m.contains("no tool first")),
+            "{err}"
+        );
         assert_eq!(template.render(&[message("user", "x")]).unwrap(), "ok");
     }
 }

@@ -52,12 +52,20 @@ pub fn parse_within(
         .filter(|h| !h.is_empty())
         .or(request.user.as_deref().map(str::as_bytes))
         .map(|key| RequestFeatures::session_key(&request.model, key));
+    let by_text = || features(&request.model, &text_of(endpoint, &request), cx.policy);
     let features = match cx.tokenizers.get(&request.model) {
-        Some(mode) => match token_features(mode, endpoint, &request, cx.policy, tokenize_budget)? {
-            Some(features) => features,
-            None => return Ok(None),
+        Some(mode) => match token_features(mode, endpoint, &request, cx.policy, tokenize_budget) {
+            Ok(Some(features)) => features,
+            Ok(None) => return Ok(None),
+            // The gateway's own failure (a chat template calling what its renderer lacks) is
+            // no fault of the request: routed by its text, the engine judges it.
+            Err(e) if e.kind == ErrorKind::Internal => {
+                warn_once_routed_by_text(&request.model, &e.message);
+                by_text()
+            }
+            Err(e) => return Err(e),
         },
-        None => features(&request.model, &text_of(endpoint, &request), cx.policy),
+        None => by_text(),
     };
     Ok(Some(RoutedRequest {
         features: RequestFeatures {
@@ -73,6 +81,18 @@ pub fn parse_within(
         max_output_tokens: request.max_output_tokens(),
         model: request.model,
     }))
+}
+
+/// Says once per process that a token-mode model's request was routed by its text, and why.
+fn warn_once_routed_by_text(model: &str, why: &str) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            model,
+            why,
+            "request routed by its text, not its tokens (said once)"
+        );
+    }
 }
 
 /// Token-mode features: the prompt's block hashes, and the ring key from its first
