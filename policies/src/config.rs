@@ -63,6 +63,14 @@ pub struct PolicyConfig {
     /// counts once. Lifted for a hot group (`hot_group_factor`) and for a session's request
     /// (its own history serves only its next turn).
     pub recompute_penalty: f64,
+    /// The recompute, in tokens, at which `recompute_penalty` reaches its full weight; a
+    /// shorter one is penalised in proportion to its length, or to the share of the replica's
+    /// KV blocks its running requests use where that is more (all of it when it reports no KV
+    /// use). A copy delays the requests that arrive while it is computed, so its cost grows
+    /// with its length twice over: a short one delays few requests, and those briefly. Only
+    /// for a group with at least as many recent requests as healthy replicas (one seen once or
+    /// twice would not use a copy again). 0: the full weight at every length.
+    pub recompute_penalty_full_at: u64,
     /// Bounded-traffic placement: the ring owner (where a cold prefix goes, and a spilled one)
     /// is the first replica clockwise, below its load cap, whose recent traffic is at most
     /// `traffic_bound * (traffic + 1) / healthy`, so that prefixes spread by the traffic they
@@ -104,6 +112,7 @@ impl Default for PolicyConfig {
             kv_saturation: 1.0,
             queue_saturation: 256,
             recompute_penalty: 2.0,
+            recompute_penalty_full_at: 2_048,
             traffic_bound: 0.0,
             traffic_half_life_ms: 10_000,
             hot_group_factor: 1.0,
@@ -236,6 +245,14 @@ impl PolicyConfig {
             format!(
                 "must be a number between 0 and 64, got {}",
                 self.recompute_penalty
+            ),
+        );
+        check(
+            self.recompute_penalty_full_at <= 100_000_000,
+            "recompute_penalty_full_at",
+            format!(
+                "must be a number of tokens up to 100000000, got {}",
+                self.recompute_penalty_full_at
             ),
         );
         check(

@@ -15,6 +15,8 @@ pub(crate) struct PromptWork {
     /// recompute counts besides itself.
     most_held: f64,
     recompute_penalty: f64,
+    /// The recompute at which the penalty is whole (0: always whole).
+    penalty_full_at: u64,
 }
 
 impl PromptWork {
@@ -24,15 +26,18 @@ impl PromptWork {
             blocks: blocks as f64,
             most_held: 0.0,
             recompute_penalty: 0.0,
+            penalty_full_at: 0,
         }
     }
 
     /// Counts the tokens a replica would recompute, of the `most_held` blocks some candidate
-    /// holds, `penalty` times more.
-    pub fn with_recompute_penalty(self, most_held: f64, penalty: f64) -> Self {
+    /// holds, `penalty` times more; a recompute shorter than `full_at` tokens (when not 0) that
+    /// share of `penalty` times more, or the share of the replica's KV in use if more.
+    pub fn with_recompute_penalty(self, most_held: f64, penalty: f64, full_at: u64) -> Self {
         PromptWork {
             most_held,
             recompute_penalty: penalty.max(0.0),
+            penalty_full_at: full_at,
             ..self
         }
     }
@@ -51,13 +56,26 @@ impl PromptWork {
     /// The prefill ahead of this request's first token on `r`: its backlog and the part of
     /// the prompt it does not hold, that part's recompute of what another holds penalised.
     pub fn ahead_on(&self, r: &ReplicaView, held: f64) -> u64 {
-        let recompute = self
-            .uncached(held)
-            .saturating_sub(self.uncached(self.most_held));
-        let penalty = (recompute as f64 * self.recompute_penalty).round() as u64;
+        let uncached = self.uncached(held);
+        let recompute = uncached.saturating_sub(self.uncached(self.most_held));
+        let weight = self.penalty_weight(r, recompute);
+        let penalty = (recompute as f64 * self.recompute_penalty * weight).round() as u64;
         r.prefill_backlog
-            .saturating_add(self.uncached(held))
+            .saturating_add(uncached)
             .saturating_add(penalty)
+    }
+
+    /// The share of the penalty a recompute of `recompute` tokens on `r` counts: its length's
+    /// share of `penalty_full_at`, or the share of `r`'s KV blocks its running requests use
+    /// where that is more (a copy there takes blocks another prefix may soon want back); all
+    /// of it without `penalty_full_at`, or when `r` reports no KV use.
+    fn penalty_weight(&self, r: &ReplicaView, recompute: u64) -> f64 {
+        match self.penalty_full_at {
+            0 => 1.0,
+            full_at => (recompute as f64 / full_at as f64)
+                .min(1.0)
+                .max(r.kv_usage.map_or(1.0, |u| u.clamp(0.0, 1.0))),
+        }
     }
 
     /// The signal: `(least + prompt) / (work + prompt)`, 1 for the replica with the least work,
@@ -80,6 +98,38 @@ mod tests {
         assert_eq!(w.uncached(10.0), 0);
         // Shorter than one block: nothing can be held.
         assert_eq!(PromptWork::new(7, 0).uncached(0.0), 7);
+    }
+
+    #[test]
+    fn a_short_recompute_on_a_replica_with_kv_to_spare_is_penalised_in_proportion() {
+        let idle = |kv_usage: Option<f64>| ReplicaView {
+            id: crate::ReplicaId(0),
+            healthy: true,
+            in_flight: 0,
+            max_in_flight: None,
+            waiting: 0,
+            prefill_backlog: 0,
+            stale: false,
+            kv_usage,
+            adapter_fit: 0.0,
+        };
+        let roomy = idle(Some(0.1));
+        // 1,000 tokens, 10 blocks; another candidate holds 8 of them (800 tokens).
+        let whole = PromptWork::new(1_000, 10).with_recompute_penalty(8.0, 2.0, 0);
+        assert_eq!(whole.ahead_on(&roomy, 0.0), 1_000 + 2 * 800);
+        let ramp = PromptWork::new(1_000, 10).with_recompute_penalty(8.0, 2.0, 1_600);
+        assert_eq!(ramp.ahead_on(&roomy, 0.0), 1_000 + 800);
+        // Holding 4 blocks, it would recompute 400 tokens: a quarter of full_at.
+        assert_eq!(ramp.ahead_on(&roomy, 4.0), 600 + 200);
+        // At full_at and past it the penalty is whole.
+        let short_ramp = PromptWork::new(1_000, 10).with_recompute_penalty(8.0, 2.0, 800);
+        assert_eq!(short_ramp.ahead_on(&roomy, 0.0), 1_000 + 2 * 800);
+        // The holder recomputes nothing, whatever the ramp.
+        assert_eq!(ramp.ahead_on(&roomy, 8.0), 200);
+        // Three quarters of its KV in use by running requests: more than the length's half.
+        assert_eq!(ramp.ahead_on(&idle(Some(0.75)), 0.0), 1_000 + 1_200);
+        // An engine that reports no KV use: the whole penalty.
+        assert_eq!(ramp.ahead_on(&idle(None), 0.0), 1_000 + 2 * 800);
     }
 
     #[test]

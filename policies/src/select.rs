@@ -358,6 +358,15 @@ impl Policy {
         let hot = group
             .as_ref()
             .is_some_and(|g| self.is_hot(g, features.now_ms));
+        // A short recompute costs little only for a group whose copies will be used again.
+        let full_at = if group
+            .as_ref()
+            .is_some_and(|g| self.recurs(g, features.now_ms))
+        {
+            c.recompute_penalty_full_at
+        } else {
+            0
+        };
         let session_home = features
             .session
             .and_then(|s| self.sessions.get(s, features.now_ms, c.session_ttl_ms));
@@ -384,7 +393,7 @@ impl Policy {
             }
         };
         let prompt = PromptWork::new(features.prompt_tokens, blocks)
-            .with_recompute_penalty(most_held, penalty);
+            .with_recompute_penalty(most_held, penalty, full_at);
         let least_work = fleet
             .replicas
             .iter()

@@ -71,6 +71,16 @@ impl Policy {
         count > share + noise + 1.0
     }
 
+    /// Whether the group recurs enough for a copy of it on each healthy replica to be used
+    /// again: its recent requests are at least as many as the replicas. Only then does a
+    /// short recompute earn `recompute_penalty_full_at`'s lighter penalty; a copy of a group
+    /// seen once or twice is a recompute and nothing more.
+    pub(super) fn recurs(&self, g: &GroupHolders, now_ms: u64) -> bool {
+        self.groups
+            .of(g.group, now_ms, self.config.traffic_half_life_ms)
+            >= f64::from(g.healthy)
+    }
+
     /// Whether no request of `group` was routed recently (see [`counts_as_new`]).
     pub(super) fn is_new(&self, group: u64, now_ms: u64) -> bool {
         counts_as_new(

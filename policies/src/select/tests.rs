@@ -379,7 +379,7 @@ proptest! {
     /// ceil((c + bonus) * total / n) where it holds the prompt, unless the prefill signal
     /// (load in tokens) keeps it there; and nothing, whatever the prefill backlogs, pushes
     /// a replica past the imbalance guard. Every cap is at least `min_load_cap`, and neither
-    /// the recompute penalty nor the traffic bound changes any of it.
+    /// the recompute penalty (whole or by length) nor the traffic bound changes any of it.
     #[test]
     fn bounded_load_holds(
         requests in prop::collection::vec((any::<u64>(), 0u64..6, 0u64..20_000), 1..200),
@@ -389,6 +389,7 @@ proptest! {
         prefill in prop::sample::select(vec![0.0, 6.0]),
         min_cap in prop::sample::select(vec![1u32, 4, 8]),
         penalty in prop::sample::select(vec![0.0, 1.0, 4.0]),
+        full_at in prop::sample::select(vec![0u64, 2_048]),
         traffic in prop::sample::select(vec![0.0, 1.0, 1.5]),
     ) {
         let mut config = PolicyConfig {
@@ -396,6 +397,7 @@ proptest! {
             imbalance_factor: imbalance,
             min_load_cap: min_cap,
             recompute_penalty: penalty,
+            recompute_penalty_full_at: full_at,
             traffic_bound: traffic,
             ..bounded_load()
         };
@@ -413,6 +415,8 @@ proptest! {
             let mut fleet = view(&loads);
             for (r, &b) in fleet.iter_mut().zip(&backlogs) {
                 r.prefill_backlog = b;
+                // KV to spare, so that a short recompute weighs by its length.
+                r.kv_usage = Some(0.1);
             }
             let least = *loads.iter().min().unwrap();
             let d = p.select(&f, FleetView { replicas: &fleet });

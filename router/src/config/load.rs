@@ -458,6 +458,7 @@ mod tests {
         assert_eq!(c.limits.max_body_bytes, 32 << 20);
         assert_eq!(c.policy.load_factor, 0.0);
         assert_eq!(c.policy.recompute_penalty, 2.0);
+        assert_eq!(c.policy.recompute_penalty_full_at, 2_048);
     }
 
     #[test]

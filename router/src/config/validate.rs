@@ -423,7 +423,7 @@ mod tests {
     #[test]
     fn every_semantic_error_is_reported_with_its_path() {
         let errs = parse_str(
-            "listen: \"nowhere\"\nreplicas:\n  - url: \"ftp://x\"\n  - url: \"http://127.0.0.1:1\"\n    id: a\n  - url: \"http://127.0.0.1:2\"\n    id: a\nretries: {attempts: 0}\npolicy: {load_factor: 0.5}\n",
+            "listen: \"nowhere\"\nreplicas:\n  - url: \"ftp://x\"\n  - url: \"http://127.0.0.1:1\"\n    id: a\n  - url: \"http://127.0.0.1:2\"\n    id: a\nretries: {attempts: 0}\npolicy: {load_factor: 0.5, recompute_penalty_full_at: 200000000}\n",
         )
         .unwrap_err();
         let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
@@ -434,7 +434,8 @@ mod tests {
                 "replicas[0].url",
                 "replicas[2]",
                 "retries.attempts",
-                "policy.load_factor"
+                "policy.load_factor",
+                "policy.recompute_penalty_full_at"
             ]
         );
     }

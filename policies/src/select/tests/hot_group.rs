@@ -1,5 +1,6 @@
 //! The default policy's recompute rule: a prefix another replica holds costs its recompute
-//! `1 + recompute_penalty` times, unless its group is hot or the request is a session's.
+//! `1 + recompute_penalty` times (less for a short recompute of a recurring group), unless its
+//! group is hot or the request is a session's.
 
 use super::*;
 
@@ -46,6 +47,41 @@ fn a_hot_group_spreads_past_its_holders_and_a_cold_one_stays() {
         // The explain still says what the spill computes.
         let idle = d.ranked.iter().find(|c| c.replica == ReplicaId(3)).unwrap();
         assert_eq!(idle.prefill_tokens, 1_000);
+    }
+}
+
+#[test]
+fn a_short_recompute_of_a_recurring_group_costs_its_share_of_the_penalty() {
+    // Replica 0 holds the 1,000-token prompt with `backlog` tokens queued; replica 1 is idle,
+    // 10 % of its KV in use, and would recompute all of it: 1,000 + 2,000 with the whole
+    // penalty, 1,000 + 500 with a quarter of it (`full_at` 4,000). Three requests of the group
+    // recur on two replicas; one does not, and keeps the whole penalty.
+    let f = prompt(1_000);
+    for (full_at, requests, backlog, spills) in [
+        (0, 3, 1_600, false),
+        (4_000, 3, 1_600, true),
+        (4_000, 3, 1_200, false),
+        (4_000, 1, 1_600, false),
+    ] {
+        let mut p = policy_with(
+            2,
+            PolicyConfig {
+                recompute_penalty_full_at: full_at,
+                ..prefill_only()
+            },
+        );
+        for _ in 0..requests {
+            p.record(ReplicaId(0), &f);
+        }
+        let mut fleet = held_by_first(backlog, 2);
+        fleet[1].kv_usage = Some(0.1);
+        let d = p.select(&f, FleetView { replicas: &fleet });
+        assert!(!d.hot_group);
+        assert_eq!(
+            d.ranked[0].replica == ReplicaId(1),
+            spills,
+            "full_at {full_at}, {requests} requests, {backlog} queued"
+        );
     }
 }
 
