@@ -396,7 +396,7 @@ fn oracle_starts(ran: &[Router], names: &[&str]) -> Result<Vec<(String, Router)>
         }
     }
     for preset in kvgate_router::config::preset_names() {
-        let router = Router::Kvgate(kvgate_router::config::preset(preset)?);
+        let router = Router::Kvgate(Box::new(kvgate_router::config::preset(preset)?));
         // `balanced` is the default `kvgate` already starts from.
         if !starts.iter().any(|(_, r)| *r == router) {
             starts.push((preset.to_string(), router));
@@ -440,12 +440,15 @@ fn parse_policy(policy: &str) -> Result<(String, Policy), String> {
         let name = path
             .file_stem()
             .map_or_else(|| policy.to_string(), |s| s.to_string_lossy().into_owned());
-        return Ok((name, Policy::Route(Router::Kvgate(config))));
+        return Ok((name, Policy::Route(Router::Kvgate(Box::new(config)))));
     }
     let presets = kvgate_router::config::preset_names();
     if presets.contains(&policy) {
         let config = kvgate_router::config::preset(policy)?;
-        return Ok((policy.to_string(), Policy::Route(Router::Kvgate(config))));
+        return Ok((
+            policy.to_string(),
+            Policy::Route(Router::Kvgate(Box::new(config))),
+        ));
     }
     Policy::named(policy)
         .map(|p| (policy.to_string(), p))
@@ -536,7 +539,9 @@ mod tests {
         assert_eq!(rest.len(), all.len() - 1);
         assert!(!rest.iter().any(|(_, r)| *r == Router::RoundRobin));
         // A policy file named round-robin does not stand in for it.
-        let file = Router::Kvgate(kvgate_router::config::preset("cache-first").unwrap());
+        let file = Router::Kvgate(Box::new(
+            kvgate_router::config::preset("cache-first").unwrap(),
+        ));
         let named = oracle_starts(std::slice::from_ref(&file), &["round-robin"]).unwrap();
         assert!(named
             .iter()

@@ -65,7 +65,7 @@ impl Gateway {
         let shares = peers > 0;
         let n = specs.len();
         let policy = match router {
-            Router::Kvgate(policy) => policy.clone(),
+            Router::Kvgate(policy) => (**policy).clone(),
             _ => Default::default(),
         };
         let mut fleet = FleetState::new(policy, Some(ages));

@@ -32,7 +32,7 @@ impl Policy {
     /// A policy by name (see [`NAMES`]; `kvgate` is the default policy).
     pub fn named(name: &str) -> Result<Policy, String> {
         let router = match name {
-            "kvgate" => Router::Kvgate(PolicyConfig::default()),
+            "kvgate" => Router::Kvgate(Box::default()),
             "round-robin" => Router::RoundRobin,
             "least-load" => Router::LeastLoad,
             "sglang-cache-aware" => Router::SglangCacheAware,
@@ -55,7 +55,7 @@ impl Policy {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Router {
     /// kvgate's policy, with these settings.
-    Kvgate(PolicyConfig),
+    Kvgate(Box<PolicyConfig>),
     /// Each gateway sends to the replicas in turn.
     RoundRobin,
     /// Each gateway sends to the replica with the fewest of its requests in flight (ties in
