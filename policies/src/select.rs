@@ -359,9 +359,10 @@ impl Policy {
             .as_ref()
             .is_some_and(|g| self.is_hot(g, features.now_ms));
         // A short recompute costs little only for a group whose copies will be used again.
-        let full_at = if group
-            .as_ref()
-            .is_some_and(|g| self.recurs(g, features.now_ms))
+        let full_at = if c.recompute_penalty_full_at > 0
+            && group
+                .as_ref()
+                .is_some_and(|g| self.recurs(g, features.now_ms))
         {
             c.recompute_penalty_full_at
         } else {
