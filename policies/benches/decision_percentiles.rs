@@ -65,7 +65,7 @@ fn main() {
             };
             let started = Instant::now();
             black_box(state.route(i as u64, &ask, now_ms, 3).unwrap());
-            state.first_token(i as u64);
+            state.first_token(i as u64, now_ms);
             state.finished((i as u64).wrapping_sub(64));
             started.elapsed()
         });

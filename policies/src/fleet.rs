@@ -21,6 +21,9 @@ pub struct ReplicaView {
     /// each decision found it holding, and what peer gateways said they have queued there:
     /// the prefill ahead of a new request.
     pub prefill_backlog: u64,
+    /// Of this gateway's part of that backlog, what the replica has likely computed already:
+    /// the request at its front, at the pace its first tokens have come.
+    pub prefill_progress: u64,
     /// Its agent's last report is older than the stale threshold: scored down.
     pub stale: bool,
     /// Fraction of its KV blocks in use, as its agent last reported (`None` without reports).

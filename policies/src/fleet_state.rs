@@ -124,6 +124,7 @@ impl FleetState {
                 Some(old) if old.spec.name == spec.name => ReplicaState {
                     in_flight: old.in_flight,
                     prefill_backlog: old.prefill_backlog,
+                    prefill_pace: old.prefill_pace,
                     ..ReplicaState::new(spec)
                 },
                 _ => ReplicaState::new(spec),
@@ -339,6 +340,8 @@ impl FleetState {
                 prefill_backlog: r
                     .prefill_backlog
                     .saturating_add(peers.get(id.0 as usize).copied().unwrap_or(0)),
+                // At the request's own time, so that the ranking follows from the events.
+                prefill_progress: r.prefill_pace.progress(ask.features.now_ms),
                 stale: r.freshness(self.ages, now_ms) == Freshness::Stale,
                 kv_usage: r.reported_kv_usage(),
                 adapter_fit,
@@ -379,6 +382,8 @@ impl FleetState {
         };
         r.in_flight += 1;
         r.prefill_backlog += choice.prefill_tokens;
+        r.prefill_pace
+            .sent(request, choice.prefill_tokens, features.now_ms);
         r.last_decision = Some(*choice);
         self.requests.insert(
             request,
@@ -416,14 +421,15 @@ impl FleetState {
         self.peer_backlogs.set(peer, backlog, expires_ms);
     }
 
-    /// The request's first token arrived: its prompt is no longer queued prefill.
-    pub fn first_token(&mut self, request: RequestId) {
+    /// The request's first token arrived at `now_ms`: its prompt is no longer queued prefill.
+    pub fn first_token(&mut self, request: RequestId, now_ms: u64) {
         let Some(sent) = self.requests.get_mut(&request) else {
             return;
         };
         let tokens = std::mem::take(&mut sent.prefill_tokens);
         if let Some(r) = self.replicas.get_mut(sent.replica) {
             r.prefill_backlog = r.prefill_backlog.saturating_sub(tokens);
+            r.prefill_pace.first_token(request, now_ms);
         }
     }
 
@@ -434,6 +440,7 @@ impl FleetState {
         };
         if let Some(r) = self.replicas.get_mut(sent.replica) {
             r.prefill_backlog = r.prefill_backlog.saturating_sub(sent.prefill_tokens);
+            r.prefill_pace.finished(request);
             r.in_flight = r.in_flight.saturating_sub(1);
         }
     }

@@ -53,14 +53,16 @@ impl PromptWork {
         (self.tokens as f64 * (1.0 - share)).round() as u64
     }
 
-    /// The prefill ahead of this request's first token on `r`: its backlog and the part of
-    /// the prompt it does not hold, that part's recompute of what another holds penalised.
+    /// The prefill ahead of this request's first token on `r`: its backlog less what it has
+    /// likely computed of it, and the part of the prompt it does not hold, that part's
+    /// recompute of what another holds penalised.
     pub fn ahead_on(&self, r: &ReplicaView, held: f64) -> u64 {
         let uncached = self.uncached(held);
         let recompute = uncached.saturating_sub(self.uncached(self.most_held));
         let weight = self.penalty_weight(r, recompute);
         let penalty = (recompute as f64 * self.recompute_penalty * weight).round() as u64;
         r.prefill_backlog
+            .saturating_sub(r.prefill_progress)
             .saturating_add(uncached)
             .saturating_add(penalty)
     }
@@ -109,6 +111,7 @@ mod tests {
             max_in_flight: None,
             waiting: 0,
             prefill_backlog: 0,
+            prefill_progress: 0,
             stale: false,
             kv_usage,
             adapter_fit: 0.0,

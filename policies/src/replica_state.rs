@@ -1,6 +1,7 @@
 //! One replica as a gateway's fleet state keeps it: its spec, health, ejection back-off,
 //! requests in flight, its agent's last report, and what it may serve.
 
+use crate::prefill_pace::PrefillPace;
 use crate::{Candidate, ReplicaId};
 use kvgate_protocol::telemetry::{EngineLoad, GpuStats};
 use serde::Serialize;
@@ -70,6 +71,8 @@ pub struct ReplicaState {
     /// Prompt tokens of its in-flight requests still awaiting their first token, less what
     /// each decision found it holding.
     pub prefill_backlog: u64,
+    /// How far it has got through that backlog.
+    pub(crate) prefill_pace: PrefillPace,
     /// The scores of the last request sent to it.
     pub last_decision: Option<Candidate>,
 }
@@ -88,6 +91,7 @@ impl ReplicaState {
             agent: None,
             in_flight: 0,
             prefill_backlog: 0,
+            prefill_pace: PrefillPace::default(),
             last_decision: None,
         }
     }

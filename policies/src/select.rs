@@ -40,7 +40,8 @@ pub struct Candidate {
     /// The prompt tokens it would prefill (those it is not known to hold): what routing the
     /// request here adds to its prefill backlog.
     pub prefill_tokens: u64,
-    /// The prefill queued ahead on it: this gateway's and what its peers said of theirs.
+    /// The prefill queued ahead on it: this gateway's, less what the replica has likely
+    /// computed of it, and what its peers said of theirs.
     pub prefill_backlog: u64,
     pub in_flight: u32,
 }
@@ -487,7 +488,7 @@ impl Policy {
                     load_cap,
                     prefix_blocks: held,
                     prefill_tokens: prompt.uncached(held),
-                    prefill_backlog: r.prefill_backlog,
+                    prefill_backlog: r.prefill_backlog.saturating_sub(r.prefill_progress),
                     in_flight: r.in_flight,
                 }
             })

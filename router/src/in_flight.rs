@@ -27,10 +27,11 @@ impl InFlight {
         }
     }
 
-    /// The first token arrived: the prompt is no longer queued prefill.
-    pub fn prefilled(&mut self) {
+    /// The first token arrived (at `now_ms`, the gateway's clock): the prompt is no longer
+    /// queued prefill.
+    pub fn prefilled(&mut self, now_ms: u64) {
         if !std::mem::replace(&mut self.prefilled, true) {
-            self.lock().first_token(self.id);
+            self.lock().first_token(self.id, now_ms);
         }
     }
 

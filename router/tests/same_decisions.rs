@@ -21,6 +21,7 @@ fn features(i: usize) -> RequestFeatures {
         ring_key: chunks[chunks.len().min(4) - 1],
         prompt_tokens: text.len() as u64 / 4,
         prefix_chunks: chunks,
+        now_ms: i as u64,
         ..Default::default()
     }
 }
@@ -81,8 +82,8 @@ fn the_gateway_and_a_bare_fleet_state_rank_alike() {
         assert_eq!(gateway_ranking, fleet_ranking, "request {i}");
         // Some get their first token, some stay in flight, the rest end.
         if i % 2 == 0 {
-            route.first.prefilled();
-            fleet.first_token(i as u64);
+            route.first.prefilled(i as u64 + 1);
+            fleet.first_token(i as u64, i as u64 + 1);
         }
         if i % 3 == 0 {
             held.push((i, route));

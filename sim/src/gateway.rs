@@ -209,8 +209,8 @@ impl Gateway {
         self.fleet.peer_sent(ReplicaId(replica as u32), features);
     }
 
-    pub fn first_token(&mut self, id: u64) {
-        self.fleet.first_token(id);
+    pub fn first_token(&mut self, id: u64, now_ms: u64) {
+        self.fleet.first_token(id, now_ms);
         if let Routing::Dynamo(d) = &mut self.routing {
             d.first_token(id);
         }

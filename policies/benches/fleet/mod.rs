@@ -144,6 +144,7 @@ fn fleet(replicas: u32) -> Vec<ReplicaView> {
             max_in_flight: None,
             waiting: 0,
             prefill_backlog: u64::from(i % 5) * 1_000,
+            prefill_progress: 0,
             stale: false,
             kv_usage: None,
             adapter_fit: 0.0,

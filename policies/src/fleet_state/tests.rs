@@ -66,7 +66,7 @@ fn a_request_counts_in_flight_until_it_ends_and_its_prompt_until_its_first_token
     let r = f.replica(to).unwrap();
     assert_eq!((r.in_flight, r.prefill_backlog), (1, 1_000));
     assert_eq!(r.last_decision, Some(d.ranked[0]));
-    f.first_token(7);
+    f.first_token(7, 5);
     let r = f.replica(to).unwrap();
     assert_eq!((r.in_flight, r.prefill_backlog), (1, 0));
     f.finished(7);
@@ -88,6 +88,41 @@ fn a_retry_moves_the_request_to_its_next_replica() {
     assert_eq!(f.replica(next.replica).unwrap().in_flight, 1);
     f.finished(1);
     assert_eq!(f.replica(next.replica).unwrap().in_flight, 0);
+}
+
+#[test]
+fn a_replica_nearly_through_its_one_prompt_draws_a_cold_one_before_a_slower_one() {
+    let prompt = |key: u64, now_ms: u64| RequestFeatures {
+        ring_key: key,
+        prefix_chunks: vec![key],
+        now_ms,
+        ..features(1_000)
+    };
+    let mut f = fleet(2);
+    let next = prompt(99, 69);
+    // Against the ring's order, which breaks the tie without the pace.
+    let ring_first = f.rank(&ask("m", &next), 0, 2).unwrap().ranked[0].replica;
+    let (fast, slow) = if ring_first == ReplicaId(0) {
+        (ReplicaId(1), ReplicaId(0))
+    } else {
+        (ReplicaId(0), ReplicaId(1))
+    };
+    let send_to = |f: &mut FleetState, id: RequestId, to: ReplicaId, p: &RequestFeatures| {
+        let d = f.rank(&ask("m", p), p.now_ms, 2).unwrap();
+        let choice = d.ranked.iter().find(|c| c.replica == to).unwrap();
+        f.send(id, choice, p);
+    };
+    // One learns a pace of 100 tokens a millisecond, the other of 20.
+    send_to(&mut f, 1, fast, &prompt(1, 0));
+    send_to(&mut f, 2, slow, &prompt(2, 0));
+    f.first_token(1, 10);
+    f.first_token(2, 50);
+    // One prompt each, sent together: 900 tokens through on one by 69 ms, 180 on the other.
+    send_to(&mut f, 3, fast, &prompt(3, 60));
+    send_to(&mut f, 4, slow, &prompt(4, 60));
+    let d = f.rank(&ask("m", &next), 69, 2).unwrap();
+    assert_eq!(d.ranked[0].replica, fast, "{d:?}");
+    assert_eq!(d.ranked[0].prefill_backlog, 1_000 - 900);
 }
 
 #[test]

@@ -68,6 +68,7 @@ fn view(loads: &[u32]) -> Vec<ReplicaView> {
             max_in_flight: None,
             waiting: 0,
             prefill_backlog: 0,
+            prefill_progress: 0,
             stale: false,
             kv_usage: None,
             adapter_fit: 0.0,

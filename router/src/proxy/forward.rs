@@ -451,7 +451,7 @@ impl Forward<'_> {
                 Ok(Some(chunk)) => {
                     if first_chunk {
                         first_chunk = false;
-                        in_flight.prefilled();
+                        in_flight.prefilled(self.gateway.now_ms());
                         self.gateway
                             .metrics
                             .ttft

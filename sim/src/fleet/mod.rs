@@ -479,7 +479,7 @@ impl<'a> Sim<'a> {
             let first = sent.first_us.is_none();
             if first {
                 sent.first_us = Some(self.now_us);
-                gateway.first_token(token.id);
+                gateway.first_token(token.id, self.now_us / 1_000);
             }
             if let Some(last) = sent.last_token_us.replace(self.now_us) {
                 sent.itl_s.push((self.now_us - last) as f64 / 1e6);
