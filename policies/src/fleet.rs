@@ -33,6 +33,13 @@ pub struct ReplicaView {
     pub adapter_fit: f64,
 }
 
+impl ReplicaView {
+    /// The prefill still ahead of a new request: the backlog less what is likely computed.
+    pub fn prefill_ahead(&self) -> u64 {
+        self.prefill_backlog.saturating_sub(self.prefill_progress)
+    }
+}
+
 /// The replicas that may serve this request (those that serve its model), healthy or not.
 #[derive(Debug, Clone, Copy)]
 pub struct FleetView<'a> {

@@ -61,8 +61,7 @@ impl PromptWork {
         let recompute = uncached.saturating_sub(self.uncached(self.most_held));
         let weight = self.penalty_weight(r, recompute);
         let penalty = (recompute as f64 * self.recompute_penalty * weight).round() as u64;
-        r.prefill_backlog
-            .saturating_sub(r.prefill_progress)
+        r.prefill_ahead()
             .saturating_add(uncached)
             .saturating_add(penalty)
     }

@@ -488,7 +488,7 @@ impl Policy {
                     load_cap,
                     prefix_blocks: held,
                     prefill_tokens: prompt.uncached(held),
-                    prefill_backlog: r.prefill_backlog.saturating_sub(r.prefill_progress),
+                    prefill_backlog: r.prefill_ahead(),
                     in_flight: r.in_flight,
                 }
             })
