@@ -368,22 +368,34 @@ impl FleetState {
         top: usize,
     ) -> Result<Decision, NoRoute> {
         let decision = self.rank(ask, now_ms, top)?;
-        self.send(request, &decision.ranked[0], ask.features);
+        // Sent at the request's own time, as it was ranked.
+        self.send(
+            request,
+            &decision.ranked[0],
+            ask.features,
+            ask.features.now_ms,
+        );
         Ok(decision)
     }
 
     /// The request went to `choice`'s replica (first, or on a retry after its previous replica
     /// failed it): counted in flight there, its prompt in the prefill backlog until its first
-    /// token, its prefix and session learnt.
-    pub fn send(&mut self, request: RequestId, choice: &Candidate, features: &RequestFeatures) {
+    /// token, its prefix and session learnt. `sent_ms`: when, which for a retry is later than
+    /// the request's arrival.
+    pub fn send(
+        &mut self,
+        request: RequestId,
+        choice: &Candidate,
+        features: &RequestFeatures,
+        sent_ms: u64,
+    ) {
         self.finished(request);
         let Some(r) = self.replicas.get_mut(choice.replica) else {
             return;
         };
         r.in_flight += 1;
         r.prefill_backlog += choice.prefill_tokens;
-        r.prefill_pace
-            .sent(request, choice.prefill_tokens, features.now_ms);
+        r.prefill_pace.sent(request, choice.prefill_tokens, sent_ms);
         r.last_decision = Some(*choice);
         self.requests.insert(
             request,

@@ -441,7 +441,8 @@ impl Gateway {
     /// Sends a request to another ranked replica (a retry): it leaves the previous one.
     pub fn resend(&self, choice: &Candidate, features: &RequestFeatures) -> InFlight {
         let id = self.next_request.fetch_add(1, Ordering::Relaxed);
-        self.fleet().send(id, choice, features);
+        let now = self.now_ms();
+        self.fleet().send(id, choice, features, now);
         InFlight::new(
             Arc::clone(&self.fleet),
             Arc::clone(&self.admission.released),

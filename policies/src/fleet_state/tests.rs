@@ -82,7 +82,7 @@ fn a_retry_moves_the_request_to_its_next_replica() {
     let feats = features(500);
     let d = f.route(1, &ask("m", &feats), 0, 3).unwrap();
     let (first, next) = (d.ranked[0], d.ranked[1]);
-    f.send(1, &next, &feats);
+    f.send(1, &next, &feats, 0);
     assert_eq!(f.replica(first.replica).unwrap().in_flight, 0);
     assert_eq!(f.replica(first.replica).unwrap().prefill_backlog, 0);
     assert_eq!(f.replica(next.replica).unwrap().in_flight, 1);
@@ -110,7 +110,7 @@ fn a_replica_nearly_through_its_one_prompt_draws_a_cold_one_before_a_slower_one(
     let send_to = |f: &mut FleetState, id: RequestId, to: ReplicaId, p: &RequestFeatures| {
         let d = f.rank(&ask("m", p), p.now_ms, 2).unwrap();
         let choice = d.ranked.iter().find(|c| c.replica == to).unwrap();
-        f.send(id, choice, p);
+        f.send(id, choice, p, p.now_ms);
     };
     // One learns a pace of 100 tokens a millisecond, the other of 20.
     send_to(&mut f, 1, fast, &prompt(1, 0));
@@ -123,6 +123,39 @@ fn a_replica_nearly_through_its_one_prompt_draws_a_cold_one_before_a_slower_one(
     let d = f.rank(&ask("m", &next), 69, 2).unwrap();
     assert_eq!(d.ranked[0].replica, fast, "{d:?}");
     assert_eq!(d.ranked[0].prefill_backlog, 1_000 - 900);
+}
+
+#[test]
+fn a_retried_prompt_counts_as_started_when_resent_not_when_it_arrived() {
+    let mut f = fleet(2);
+    let at = |now_ms: u64| RequestFeatures {
+        now_ms,
+        ..features(1_000)
+    };
+    // Both replicas learn 100 tokens a millisecond.
+    for (id, to) in [(1, 0), (2, 1)] {
+        let d = f.rank(&ask("m", &at(0)), 0, 2).unwrap();
+        let choice = d
+            .ranked
+            .iter()
+            .find(|c| c.replica == ReplicaId(to))
+            .unwrap();
+        f.send(id, choice, &at(0), 0);
+        f.first_token(id, 10);
+    }
+    // A prompt neither holds arrived at 20, failed on its first replica, resent at 500.
+    let arrived = RequestFeatures {
+        prefix_chunks: vec![7, 8, 9],
+        ring_key: 7,
+        ..at(20)
+    };
+    let d = f.route(3, &ask("m", &arrived), 20, 2).unwrap();
+    let next = d.ranked[1];
+    f.send(3, &next, &arrived, 500);
+    let d = f.rank(&ask("m", &at(505)), 505, 2).unwrap();
+    let there = d.ranked.iter().find(|c| c.replica == next.replica).unwrap();
+    // 5 ms at 100 a millisecond: half its prompt, not all of it.
+    assert_eq!(there.prefill_backlog, next.prefill_tokens - 500, "{d:?}");
 }
 
 #[test]
