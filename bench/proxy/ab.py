@@ -7,16 +7,21 @@ p50, CPU and wake-ups per request, as bench/proxy/run.py measures them.
 Usage: bench/proxy/ab.py [--seconds 3] [--rounds 4] [--shape 200B] [--mode text|token]
                          [--out DIR] LABEL=BINARY:THREADS ...
 e.g. bench/proxy/ab.py before=/tmp/kvgate-before:2 after=target/release/kvgate:2
+A BINARY named `nginx` runs nginx as the proxy (THREADS worker processes), the peer to name
+beside the builds.
 """
 import argparse, json, os, shutil, statistics, sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run import HERE, SHAPES, gateway_config, nginx_conf, wrk, wrk_script  # noqa: E402
+from run import HERE, SHAPES, gateway_config, nginx_conf, nginx_proxy, wrk, wrk_script  # noqa: E402
 from servers import Server, free_port, prepare  # noqa: E402
 
 
 def gateway(tmp, label, binary, threads, backend, mode):
     port = free_port()
+    if os.path.basename(binary) == "nginx":
+        conf = nginx_conf(tmp, label, nginx_proxy(port, backend), threads)
+        return Server(label, [shutil.which(binary) or "/usr/sbin/nginx", "-c", conf], port, tmp)
     path = gateway_config(os.path.join(tmp, f"{label}.yaml"), port, threads, backend,
                           mode == "token")
     return Server(label, [binary, "gateway", "--config", path], port, tmp)
@@ -64,6 +69,17 @@ def main():
             cell = lambda k, f: f"{statistics.median(r[k] for r in rs):{f}} ({', '.join(f'{r[k]:{f}}' for r in rs)})"  # noqa: E731,E501
             lines.append(f"| {label} | {cell('rps', '.0f')} | {cell('p50', '.0f')} | "
                          f"{cell('cpu_us', '.0f')} | {cell('wakeups', '.2f')} |")
+        lines += ["", f"Per round against {order[0]} (a shared VM's speed drifts between rounds; "
+                  "ratios within a round do not): median [range]", "",
+                  "| config | req/s ratio | p50 µs added | CPU µs/req added |", "|---|---:|---:|---:|"]
+        base = runs[order[0]]
+        for label in order[1:]:
+            rs = runs[label]
+            ratio = [r["rps"] / b["rps"] for r, b in zip(rs, base)]
+            diff = lambda k: [r[k] - b[k] for r, b in zip(rs, base)]  # noqa: E731
+            span = lambda xs, f: f"{statistics.median(xs):{f}} [{min(xs):{f}} to {max(xs):{f}}]"  # noqa: E731
+            lines.append(f"| {label} | {span(ratio, '.2f')} | {span(diff('p50'), '+.0f')} | "
+                         f"{span(diff('cpu_us'), '+.0f')} |")
         print("\n".join(lines))
         name = f"ab-{args.shape}-{args.mode}"
         with open(os.path.join(args.out, f"{name}.md"), "w") as f:

@@ -159,6 +159,14 @@ def nginx_conf(tmp, name, server_block, workers=1):
     return path
 
 
+def nginx_proxy(port, backend):
+    """The server block of nginx as a proxy on `port` in front of `backend`."""
+    return (f"upstream backend {{ server 127.0.0.1:{backend}; keepalive 128; }}\n"
+            f"server {{ listen 127.0.0.1:{port};\n"
+            "  location / { proxy_pass http://backend; proxy_http_version 1.1;\n"
+            '    proxy_set_header Connection ""; proxy_buffering off; } }\n')
+
+
 def gateway_config(path, port, threads, backend, token_mode):
     """Writes a kvgate gateway config in front of `backend`; returns its path."""
     # A context long enough for the 64 KB prompt (SmolLM2's own is 8k tokens).
@@ -176,11 +184,7 @@ def start_proxies(backend, tmp, threads, tag, before):
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     ports = {n: free_port() for n in ("nginx", "text", "token", "sglang", "vllm", "text-before",
                                       "token-before")}
-    block = (f"upstream backend {{ server 127.0.0.1:{backend}; keepalive 128; }}\n"
-             f"server {{ listen 127.0.0.1:{ports['nginx']};\n"
-             "  location / { proxy_pass http://backend; proxy_http_version 1.1;\n"
-             '    proxy_set_header Connection ""; proxy_buffering off; } }\n')
-    conf = nginx_conf(tmp, f"proxy-{tag}", block, threads)
+    conf = nginx_conf(tmp, f"proxy-{tag}", nginx_proxy(ports["nginx"], backend), threads)
     configs = {mode: gateway_config(os.path.join(tmp, f"kvgate-{mode}-{tag}.yaml"), ports[mode],
                                     threads, backend, mode.startswith("token"))
                for mode in ("text", "token", "text-before", "token-before")}
