@@ -65,21 +65,14 @@ pub struct ReportOutcome {
     pub missed: u64,
 }
 
-/// A request the gateway sent and has not seen end.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Sent {
-    replica: ReplicaId,
-    /// Prompt tokens counted in its replica's prefill backlog until the first token.
-    prefill_tokens: u64,
-}
-
 /// The fleet and the policy's learnt state; see the module documentation.
 #[derive(Debug, Clone)]
 pub struct FleetState {
     policy: Policy,
     ages: Option<ReportAges>,
     replicas: Slots,
-    requests: HashMap<RequestId, Sent>,
+    /// The replica of each request sent and not yet seen to end.
+    requests: HashMap<RequestId, ReplicaId>,
     peer_backlogs: PeerBacklogs,
 }
 
@@ -123,8 +116,7 @@ impl FleetState {
                 Some(old) if old.spec == spec => old,
                 Some(old) if old.spec.name == spec.name => ReplicaState {
                     in_flight: old.in_flight,
-                    prefill_backlog: old.prefill_backlog,
-                    prefill_pace: old.prefill_pace,
+                    prefill: old.prefill,
                     ..ReplicaState::new(spec)
                 },
                 _ => ReplicaState::new(spec),
@@ -338,10 +330,10 @@ impl FleetState {
                 max_in_flight: r.spec.max_in_flight,
                 waiting: r.reported_waiting(),
                 prefill_backlog: r
-                    .prefill_backlog
+                    .prefill_backlog()
                     .saturating_add(peers.get(id.0 as usize).copied().unwrap_or(0)),
                 // At the request's own time, so that the ranking follows from the events.
-                prefill_progress: r.prefill_pace.progress(ask.features.now_ms),
+                prefill_progress: r.prefill.progress(ask.features.now_ms),
                 stale: r.freshness(self.ages, now_ms) == Freshness::Stale,
                 kv_usage: r.reported_kv_usage(),
                 adapter_fit,
@@ -394,16 +386,9 @@ impl FleetState {
             return;
         };
         r.in_flight += 1;
-        r.prefill_backlog += choice.prefill_tokens;
-        r.prefill_pace.sent(request, choice.prefill_tokens, sent_ms);
+        r.prefill.sent(request, choice.prefill_tokens, sent_ms);
         r.last_decision = Some(*choice);
-        self.requests.insert(
-            request,
-            Sent {
-                replica: choice.replica,
-                prefill_tokens: choice.prefill_tokens,
-            },
-        );
+        self.requests.insert(request, choice.replica);
         self.policy.record_choice(choice, features);
     }
 
@@ -421,8 +406,8 @@ impl FleetState {
     pub fn backlogs(&self) -> Vec<(ReplicaId, u64)> {
         self.replicas
             .iter()
-            .filter(|(_, r)| r.prefill_backlog > 0)
-            .map(|(id, r)| (id, r.prefill_backlog))
+            .filter(|(_, r)| r.prefill_backlog() > 0)
+            .map(|(id, r)| (id, r.prefill_backlog()))
             .collect()
     }
 
@@ -435,24 +420,21 @@ impl FleetState {
 
     /// The request's first token arrived at `now_ms`: its prompt is no longer queued prefill.
     pub fn first_token(&mut self, request: RequestId, now_ms: u64) {
-        let Some(sent) = self.requests.get_mut(&request) else {
+        let Some(&replica) = self.requests.get(&request) else {
             return;
         };
-        let tokens = std::mem::take(&mut sent.prefill_tokens);
-        if let Some(r) = self.replicas.get_mut(sent.replica) {
-            r.prefill_backlog = r.prefill_backlog.saturating_sub(tokens);
-            r.prefill_pace.first_token(request, now_ms);
+        if let Some(r) = self.replicas.get_mut(replica) {
+            r.prefill.first_token(request, now_ms);
         }
     }
 
     /// The request ended, whole or not.
     pub fn finished(&mut self, request: RequestId) {
-        let Some(sent) = self.requests.remove(&request) else {
+        let Some(replica) = self.requests.remove(&request) else {
             return;
         };
-        if let Some(r) = self.replicas.get_mut(sent.replica) {
-            r.prefill_backlog = r.prefill_backlog.saturating_sub(sent.prefill_tokens);
-            r.prefill_pace.finished(request);
+        if let Some(r) = self.replicas.get_mut(replica) {
+            r.prefill.finished(request);
             r.in_flight = r.in_flight.saturating_sub(1);
         }
     }

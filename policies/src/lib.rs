@@ -11,7 +11,7 @@ mod lru;
 mod peer_backlog;
 mod precise_index;
 mod prefill;
-mod prefill_pace;
+mod prefill_queue;
 mod prefix_index;
 mod replica_state;
 mod ring;

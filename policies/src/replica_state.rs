@@ -1,7 +1,7 @@
 //! One replica as a gateway's fleet state keeps it: its spec, health, ejection back-off,
 //! requests in flight, its agent's last report, and what it may serve.
 
-use crate::prefill_pace::PrefillPace;
+use crate::prefill_queue::PrefillQueue;
 use crate::{Candidate, ReplicaId};
 use kvgate_protocol::telemetry::{EngineLoad, GpuStats};
 use serde::Serialize;
@@ -68,11 +68,9 @@ pub struct ReplicaState {
     pub agent: Option<AgentState>,
     /// Requests in flight on it from this gateway.
     pub in_flight: u32,
-    /// Prompt tokens of its in-flight requests still awaiting their first token, less what
-    /// each decision found it holding.
-    pub prefill_backlog: u64,
-    /// How far it has got through that backlog.
-    pub(crate) prefill_pace: PrefillPace,
+    /// Its in-flight requests still awaiting their first token, and how far it has got
+    /// through them.
+    pub(crate) prefill: PrefillQueue,
     /// The scores of the last request sent to it.
     pub last_decision: Option<Candidate>,
 }
@@ -90,10 +88,15 @@ impl ReplicaState {
             discovered_models: None,
             agent: None,
             in_flight: 0,
-            prefill_backlog: 0,
-            prefill_pace: PrefillPace::default(),
+            prefill: PrefillQueue::default(),
             last_decision: None,
         }
+    }
+
+    /// Prompt tokens of its in-flight requests still awaiting their first token, less what
+    /// each decision found it holding.
+    pub fn prefill_backlog(&self) -> u64 {
+        self.prefill.backlog()
     }
 
     /// Models it serves: configured, else discovered; `None` while unknown.

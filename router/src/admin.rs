@@ -50,7 +50,7 @@ pub fn refresh_gauges(gateway: &Gateway) {
             .set(i64::from(r.in_flight));
         m.prefill_backlog
             .with_label_values(&[name])
-            .set(i64::try_from(r.prefill_backlog).unwrap_or(i64::MAX));
+            .set(i64::try_from(r.prefill_backlog()).unwrap_or(i64::MAX));
         m.healthy
             .with_label_values(&[name])
             .set(i64::from(r.is_routable(ages, now)));
@@ -325,7 +325,7 @@ fn status_json(
         "freshness": r.freshness(ages, now),
         "agent": agent,
         "in_flight": r.in_flight,
-        "prefill_backlog": r.prefill_backlog,
+        "prefill_backlog": r.prefill_backlog(),
         "consecutive_failures": r.consecutive_failures,
         "ejections_in_a_row": r.ejections,
         "models": r.models(),

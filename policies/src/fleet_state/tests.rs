@@ -64,15 +64,15 @@ fn a_request_counts_in_flight_until_it_ends_and_its_prompt_until_its_first_token
     let d = f.route(7, &ask("m", &feats), 0, 3).unwrap();
     let to = d.ranked[0].replica;
     let r = f.replica(to).unwrap();
-    assert_eq!((r.in_flight, r.prefill_backlog), (1, 1_000));
+    assert_eq!((r.in_flight, r.prefill_backlog()), (1, 1_000));
     assert_eq!(r.last_decision, Some(d.ranked[0]));
     f.first_token(7, 5);
     let r = f.replica(to).unwrap();
-    assert_eq!((r.in_flight, r.prefill_backlog), (1, 0));
+    assert_eq!((r.in_flight, r.prefill_backlog()), (1, 0));
     f.finished(7);
     f.finished(7);
     let r = f.replica(to).unwrap();
-    assert_eq!((r.in_flight, r.prefill_backlog), (0, 0));
+    assert_eq!((r.in_flight, r.prefill_backlog()), (0, 0));
     assert_eq!(f.requests_in_flight(), 0);
 }
 
@@ -84,7 +84,7 @@ fn a_retry_moves_the_request_to_its_next_replica() {
     let (first, next) = (d.ranked[0], d.ranked[1]);
     f.send(1, &next, &feats, 0);
     assert_eq!(f.replica(first.replica).unwrap().in_flight, 0);
-    assert_eq!(f.replica(first.replica).unwrap().prefill_backlog, 0);
+    assert_eq!(f.replica(first.replica).unwrap().prefill_backlog(), 0);
     assert_eq!(f.replica(next.replica).unwrap().in_flight, 1);
     f.finished(1);
     assert_eq!(f.replica(next.replica).unwrap().in_flight, 0);

@@ -1,6 +1,7 @@
-//! How far a replica has got through its prefill backlog, as one gateway sees it. A backlog
-//! counts a prompt whole until its first token, yet the replica has been computing it since it
-//! reached the front: two replicas with one prompt queued each are not alike if one started on
+//! The prompts one gateway has queued on a replica that await their first token (its prefill
+//! backlog), and how far the replica has likely got through them. A backlog counts a prompt
+//! whole until its first token, yet the replica has been computing it since it reached the
+//! front: two replicas with one prompt queued each are not alike if one started on
 //! it a step ago and the other is about to finish it. The pace at which a replica turns prompt
 //! tokens into first tokens is learnt from the first tokens themselves, so it needs no report
 //! and holds whatever the engine, its batch or the network in between.
@@ -12,10 +13,12 @@ use std::collections::VecDeque;
 const DECAY: f64 = 15.0 / 16.0;
 
 #[derive(Debug, Clone, Default, PartialEq)]
-pub(crate) struct PrefillPace {
+pub(crate) struct PrefillQueue {
     /// Requests awaiting their first token, in the order sent: id, prompt tokens to compute,
     /// when sent.
     pending: VecDeque<(RequestId, u64, u64)>,
+    /// Their prompt tokens in all.
+    backlog: u64,
     last_first_token_ms: u64,
     /// Decayed sums of the prompt tokens computed and the milliseconds the replica spent on
     /// them (from when each reached the front to its first token).
@@ -23,9 +26,15 @@ pub(crate) struct PrefillPace {
     busy_ms: f64,
 }
 
-impl PrefillPace {
+impl PrefillQueue {
+    /// The prompt tokens queued: those of the requests awaiting their first token.
+    pub fn backlog(&self) -> u64 {
+        self.backlog
+    }
+
     pub fn sent(&mut self, request: RequestId, tokens: u64, now_ms: u64) {
         self.pending.push_back((request, tokens, now_ms));
+        self.backlog += tokens;
     }
 
     /// The request's first token came at `now_ms`: it leaves the queue and teaches the pace.
@@ -65,9 +74,9 @@ impl PrefillPace {
 
     fn remove(&mut self, request: RequestId) -> Option<(u64, u64)> {
         let at = self.pending.iter().position(|(id, ..)| *id == request)?;
-        self.pending
-            .remove(at)
-            .map(|(_, tokens, sent)| (tokens, sent))
+        let (_, tokens, sent) = self.pending.remove(at)?;
+        self.backlog -= tokens;
+        Some((tokens, sent))
     }
 }
 
@@ -77,14 +86,14 @@ mod tests {
 
     #[test]
     fn nothing_is_discounted_before_a_first_token_is_seen() {
-        let mut p = PrefillPace::default();
+        let mut p = PrefillQueue::default();
         p.sent(1, 1_000, 0);
         assert_eq!(p.progress(500), 0);
     }
 
     #[test]
     fn the_one_request_waiting_progresses_at_the_learnt_pace_up_to_its_length() {
-        let mut p = PrefillPace::default();
+        let mut p = PrefillQueue::default();
         // 1,000 tokens in 10 ms: 100 a millisecond.
         p.sent(1, 1_000, 0);
         p.first_token(1, 10);
@@ -103,7 +112,7 @@ mod tests {
 
     #[test]
     fn requests_sent_together_count_the_time_once() {
-        let mut p = PrefillPace::default();
+        let mut p = PrefillQueue::default();
         p.sent(1, 600, 0);
         p.sent(2, 600, 0);
         p.first_token(1, 6);
@@ -116,7 +125,7 @@ mod tests {
 
     #[test]
     fn a_request_that_ends_without_a_first_token_leaves_the_queue_and_teaches_nothing() {
-        let mut p = PrefillPace::default();
+        let mut p = PrefillQueue::default();
         p.sent(1, 1_000, 0);
         p.first_token(1, 10);
         p.sent(2, 400, 10);
