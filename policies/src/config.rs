@@ -69,7 +69,9 @@ pub struct PolicyConfig {
     /// use). A copy delays the requests that arrive while it is computed, so its cost grows
     /// with its length twice over: a short one delays few requests, and those briefly. Only
     /// for a group with at least as many recent requests as healthy replicas (one seen once or
-    /// twice would not use a copy again). 0: the full weight at every length.
+    /// twice would not use a copy again), and none for its copy to a replica where it costs
+    /// others nothing (no prefill queued, empty KV blocks to take it). 0: the full weight at
+    /// every length, always.
     pub recompute_penalty_full_at: u64,
     /// Bounded-traffic placement: the ring owner (where a cold prefix goes, and a spilled one)
     /// is the first replica clockwise, below its load cap, whose recent traffic is at most

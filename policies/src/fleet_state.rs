@@ -336,6 +336,11 @@ impl FleetState {
                 prefill_progress: r.prefill.progress(ask.features.now_ms),
                 stale: r.freshness(self.ages, now_ms) == Freshness::Stale,
                 kv_usage: r.reported_kv_usage(),
+                kv_empty_tokens: self
+                    .policy
+                    .precise_index()
+                    .device_blocks(id)
+                    .and_then(|cached| r.reported_kv_room(cached)),
                 adapter_fit,
             })
             .collect();

@@ -35,6 +35,8 @@ fn is_checkpoint(i: usize, n: usize) -> bool {
 struct ReplicaBlocks {
     /// Block hash → tiers it is held in.
     blocks: HashKeyMap<u8>,
+    /// How many of them are on the device.
+    device: u64,
     /// The last event batch applied; `None` until a snapshot.
     seq: Option<u64>,
 }
@@ -160,9 +162,12 @@ impl PreciseIndex {
     }
 
     fn add(&mut self, replica: ReplicaId, hash: u64, bit: u8) {
-        let tiers = self.replica_mut(replica).blocks.entry(hash).or_insert(0);
+        let held = self.replica_mut(replica);
+        let tiers = held.blocks.entry(hash).or_insert(0);
+        let was = *tiers;
         *tiers |= bit;
         let tiers = *tiers;
+        held.device += u64::from(tiers & DEVICE != 0 && was & DEVICE == 0);
         self.holders
             .entry(hash)
             .and_modify(|h| h.set(replica, tiers))
@@ -170,15 +175,17 @@ impl PreciseIndex {
     }
 
     fn remove(&mut self, replica: ReplicaId, hash: u64, bit: u8) {
-        let blocks = &mut self.replica_mut(replica).blocks;
-        let Some(tiers) = blocks.get_mut(&hash) else {
+        let held = self.replica_mut(replica);
+        let Some(tiers) = held.blocks.get_mut(&hash) else {
             return;
         };
+        let was = *tiers;
         *tiers &= !bit;
         let tiers = *tiers;
         if tiers == 0 {
-            blocks.remove(&hash);
+            held.blocks.remove(&hash);
         }
+        held.device -= u64::from(was & DEVICE != 0 && tiers & DEVICE == 0);
         self.set_holder(hash, replica, tiers);
     }
 
@@ -189,6 +196,13 @@ impl PreciseIndex {
                 self.holders.remove(&hash);
             }
         }
+    }
+
+    /// The blocks `replica`'s KV events show on its device (`None` before its first
+    /// snapshot).
+    pub fn device_blocks(&self, replica: ReplicaId) -> Option<u64> {
+        let held = self.per_replica.get(replica.0 as usize)?;
+        held.seq.map(|_| held.device)
     }
 
     /// Forgets everything `replica` held, and its event sequence (it restarted or left): its

@@ -59,11 +59,26 @@ impl PromptWork {
     pub fn ahead_on(&self, r: &ReplicaView, held: f64) -> u64 {
         let uncached = self.uncached(held);
         let recompute = uncached.saturating_sub(self.uncached(self.most_held));
-        let weight = self.penalty_weight(r, recompute);
+        let weight = if self.costs_nothing_on(r, uncached) {
+            0.0
+        } else {
+            self.penalty_weight(r, recompute)
+        };
         let penalty = (recompute as f64 * self.recompute_penalty * weight).round() as u64;
         r.prefill_ahead()
             .saturating_add(uncached)
             .saturating_add(penalty)
+    }
+
+    /// Whether a copy of the prompt's `uncached` tokens on `r` costs others nothing: nothing
+    /// is queued there, so it delays no one, and its blocks fit where the cache holds nothing,
+    /// so it evicts nothing. Only with `penalty_full_at`, which is set only for a group whose
+    /// copies will be used again.
+    fn costs_nothing_on(&self, r: &ReplicaView, uncached: u64) -> bool {
+        self.penalty_full_at > 0
+            && r.prefill_backlog == 0
+            && r.waiting == 0
+            && r.kv_empty_tokens.is_some_and(|room| room >= uncached)
     }
 
     /// The share of the penalty a recompute of `recompute` tokens on `r` counts: its length's
@@ -113,6 +128,7 @@ mod tests {
             prefill_progress: 0,
             stale: false,
             kv_usage,
+            kv_empty_tokens: None,
             adapter_fit: 0.0,
         };
         let roomy = idle(Some(0.1));
@@ -132,6 +148,51 @@ mod tests {
         assert_eq!(ramp.ahead_on(&idle(Some(0.75)), 0.0), 1_000 + 1_200);
         // An engine that reports no KV use: the whole penalty.
         assert_eq!(ramp.ahead_on(&idle(None), 0.0), 1_000 + 2 * 800);
+    }
+
+    #[test]
+    fn a_copy_of_a_recurring_prompt_into_an_idle_replicas_empty_blocks_is_not_penalised() {
+        let replica =
+            |prefill_backlog: u64, waiting: u32, kv_empty_tokens: Option<u64>| ReplicaView {
+                id: crate::ReplicaId(0),
+                healthy: true,
+                in_flight: 0,
+                max_in_flight: None,
+                waiting,
+                prefill_backlog,
+                prefill_progress: 0,
+                stale: false,
+                kv_usage: Some(0.5),
+                kv_empty_tokens,
+                adapter_fit: 0.0,
+            };
+        // 1,000 tokens, 10 blocks; another candidate holds 8 of them; the whole penalty.
+        let recurring = PromptWork::new(1_000, 10).with_recompute_penalty(8.0, 2.0, 800);
+        let roomy = replica(0, 0, Some(1_000));
+        assert_eq!(recurring.ahead_on(&roomy, 0.0), 1_000);
+        // Room for only part of the copy: it would evict, so the penalty stands.
+        assert_eq!(
+            recurring.ahead_on(&replica(0, 0, Some(999)), 0.0),
+            1_000 + 2 * 800
+        );
+        // Prefill queued there, by this gateway or as its agent reports: the copy delays it.
+        assert_eq!(
+            recurring.ahead_on(&replica(1, 0, Some(5_000)), 0.0),
+            1 + 1_000 + 2 * 800
+        );
+        assert_eq!(
+            recurring.ahead_on(&replica(0, 1, Some(5_000)), 0.0),
+            1_000 + 2 * 800
+        );
+        // Room unknown (no report or no KV events yet).
+        assert_eq!(
+            recurring.ahead_on(&replica(0, 0, None), 0.0),
+            1_000 + 2 * 800
+        );
+        // A group seen once or twice (its copy would not be used again), or the whole
+        // penalty asked for always (`recompute_penalty_full_at: 0`).
+        let always = PromptWork::new(1_000, 10).with_recompute_penalty(8.0, 2.0, 0);
+        assert_eq!(always.ahead_on(&roomy, 0.0), 1_000 + 2 * 800);
     }
 
     #[test]

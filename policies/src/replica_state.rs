@@ -147,6 +147,22 @@ impl ReplicaState {
             .map(|a| a.load.kv_usage())
     }
 
+    /// Tokens the KV blocks its agent last reported can take beside its running requests'
+    /// and `cached` more blocks (`None` without reports, or when the engine reports no KV
+    /// blocks or block size).
+    pub fn reported_kv_room(&self, cached: u64) -> Option<u64> {
+        self.agent
+            .as_ref()
+            .filter(|a| a.load.kv_blocks_total > 0 && a.load.block_size > 0)
+            .map(|a| {
+                let l = &a.load;
+                let empty = l
+                    .kv_blocks_total
+                    .saturating_sub(l.kv_blocks_used.saturating_add(cached));
+                empty.saturating_mul(u64::from(l.block_size))
+            })
+    }
+
     /// How well it suits a request naming adapter `model`, from its agent's report: `None`
     /// without reports; else whether it is resident and whether a slot is free to load it.
     pub(crate) fn adapter(&self, model: &str) -> Option<AdapterStatus> {

@@ -147,6 +147,7 @@ fn fleet(replicas: u32) -> Vec<ReplicaView> {
             prefill_progress: 0,
             stale: false,
             kv_usage: None,
+            kv_empty_tokens: None,
             adapter_fit: 0.0,
         })
         .collect()

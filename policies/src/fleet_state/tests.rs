@@ -2,7 +2,8 @@
 //! membership, and which replicas may serve a request.
 
 use super::*;
-use kvgate_protocol::telemetry::EngineLoad;
+use kvgate_protocol::kv_events::{KvSnapshot, KV_EVENTS_VERSION};
+use kvgate_protocol::telemetry::{EngineLoad, KvUpdate};
 
 fn spec(name: &str, models: &[&str]) -> ReplicaSpec {
     ReplicaSpec {
@@ -156,6 +157,69 @@ fn a_retried_prompt_counts_as_started_when_resent_not_when_it_arrived() {
     let there = d.ranked.iter().find(|c| c.replica == next.replica).unwrap();
     // 5 ms at 100 a millisecond: half its prompt, not all of it.
     assert_eq!(there.prefill_backlog, next.prefill_tokens - 500, "{d:?}");
+}
+
+#[test]
+fn a_recurring_prompt_is_copied_without_penalty_where_nothing_waits_and_empty_blocks_take_it() {
+    // A 2,048-token system prompt (128 blocks of 16) and a 512-token question of each
+    // request's own: r0 holds the system prompt by its KV events, r1 holds nothing.
+    let (holder, idle) = (ReplicaId(0), ReplicaId(1));
+    let system: Vec<u64> = (1..=128).collect();
+    let prompt = |request: u64| RequestFeatures {
+        block_hashes: system
+            .iter()
+            .copied()
+            .chain((0..32).map(|i| 1_000 * (request + 1) + i))
+            .collect(),
+        prompt_tokens: 2_560,
+        ring_key: 42,
+        ..Default::default()
+    };
+    let first_for = |idle_blocks: u64, idle_cached: u64| {
+        let mut f = fleet(2);
+        let other: Vec<u64> = (0..idle_cached).map(|i| 50_000 + i).collect();
+        for (id, total, cached) in [
+            (holder, 10_000, &system[..]),
+            (idle, idle_blocks, &other[..]),
+        ] {
+            let load = EngineLoad {
+                kv_blocks_total: total,
+                block_size: 16,
+                ..Default::default()
+            };
+            f.report(id, &report(1, 1, load), 0);
+            let snapshot = KvSnapshot {
+                version: KV_EVENTS_VERSION,
+                seq: 0,
+                block_size: 16,
+                hashes: cached.to_vec(),
+                host_hashes: vec![],
+                disk_hashes: vec![],
+            };
+            f.kv_events(
+                id,
+                &KvUpdate {
+                    snapshot: Some(snapshot),
+                    batches: vec![],
+                },
+            );
+        }
+        // Five questions queued on the holder: 2,560 tokens ahead there.
+        for request in 0..5 {
+            let p = prompt(request);
+            let d = f.rank(&ask("m", &p), 0, 2).unwrap();
+            let to_holder = d.ranked.iter().find(|c| c.replica == holder).unwrap();
+            f.send(request, to_holder, &p, 0);
+        }
+        f.rank(&ask("m", &prompt(5)), 0, 2).unwrap().ranked[0].replica
+    };
+    // Room for the whole prompt: the copy delays no one and evicts nothing.
+    assert_eq!(first_for(160, 0), idle);
+    assert_eq!(first_for(200, 40), idle);
+    // One block short, or the room taken by another prompt's blocks: the copy would evict,
+    // and the recompute penalty keeps the holder.
+    assert_eq!(first_for(159, 0), holder);
+    assert_eq!(first_for(200, 41), holder);
 }
 
 #[test]

@@ -215,6 +215,55 @@ fn tiers_and_removals() {
 }
 
 #[test]
+fn device_blocks_count_what_the_events_show_on_the_device() {
+    let mut idx = PreciseIndex::default();
+    assert_eq!(
+        idx.device_blocks(A),
+        None,
+        "nothing known before a snapshot"
+    );
+    idx.apply(A, &snapshot(0, &[1, 2]));
+    assert_eq!(idx.device_blocks(A), Some(2));
+    idx.apply(
+        A,
+        &batches(vec![
+            stored(1, &[2, 3], Tier::Device),
+            stored(2, &[2, 4], Tier::Host),
+        ]),
+    );
+    assert_eq!(
+        idx.device_blocks(A),
+        Some(3),
+        "a block stored twice counts once"
+    );
+    let removed = |seq, hashes: &[u64], tier| KvEventBatch {
+        version: KV_EVENTS_VERSION,
+        seq,
+        events: vec![KvEvent::Removed {
+            hashes: hashes.to_vec(),
+            tier,
+        }],
+    };
+    // Block 2 leaves the device but stays on the host; block 4 was only ever on the host.
+    idx.apply(
+        A,
+        &batches(vec![
+            removed(3, &[2], Tier::Device),
+            removed(4, &[4, 9], Tier::Host),
+        ]),
+    );
+    assert_eq!(idx.device_blocks(A), Some(2));
+    idx.apply(A, &snapshot(5, &[7]));
+    assert_eq!(
+        idx.device_blocks(A),
+        Some(1),
+        "a snapshot replaces the count"
+    );
+    idx.clear_replica(A);
+    assert_eq!(idx.device_blocks(A), None);
+}
+
+#[test]
 fn guesses_count_in_strides_until_they_expire() {
     let mut idx = PreciseIndex::default();
     let prompt: Vec<u64> = (1..=10).collect();

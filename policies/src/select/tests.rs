@@ -71,6 +71,7 @@ fn view(loads: &[u32]) -> Vec<ReplicaView> {
             prefill_progress: 0,
             stale: false,
             kv_usage: None,
+            kv_empty_tokens: None,
             adapter_fit: 0.0,
         })
         .collect()
@@ -380,7 +381,8 @@ proptest! {
     /// ceil((c + bonus) * total / n) where it holds the prompt, unless the prefill signal
     /// (load in tokens) keeps it there; and nothing, whatever the prefill backlogs, pushes
     /// a replica past the imbalance guard. Every cap is at least `min_load_cap`, and neither
-    /// the recompute penalty (whole or by length) nor the traffic bound changes any of it.
+    /// the recompute penalty (whole, by length, or lifted where empty KV blocks take a copy)
+    /// nor the traffic bound changes any of it.
     #[test]
     fn bounded_load_holds(
         requests in prop::collection::vec((any::<u64>(), 0u64..6, 0u64..20_000), 1..200),
@@ -392,6 +394,7 @@ proptest! {
         penalty in prop::sample::select(vec![0.0, 1.0, 4.0]),
         full_at in prop::sample::select(vec![0u64, 2_048]),
         traffic in prop::sample::select(vec![0.0, 1.0, 1.5]),
+        room in prop::sample::select(vec![None, Some(0u64), Some(1_000_000)]),
     ) {
         let mut config = PolicyConfig {
             cached_load_bonus: bonus,
@@ -418,6 +421,7 @@ proptest! {
                 r.prefill_backlog = b;
                 // KV to spare, so that a short recompute weighs by its length.
                 r.kv_usage = Some(0.1);
+                r.kv_empty_tokens = room;
             }
             let least = *loads.iter().min().unwrap();
             let d = p.select(&f, FleetView { replicas: &fleet });
