@@ -112,25 +112,31 @@ impl HttpServerApp for Floor {
     }
 }
 
-/// `listen`, `threads` and the first replica's URL from `gateway --config FILE`'s config.
-fn settings() -> Result<(String, usize, String), String> {
+/// `listen`, `threads` and the first replica's URL from `gateway --config FILE`'s config, read
+/// by the gateway's own loader (its defaults and checks).
+fn settings() -> Result<(Vec<String>, usize, String), String> {
     let args: Vec<String> = std::env::args().collect();
     let path = match args.as_slice() {
         [_, command, flag, path] if command == "gateway" && flag == "--config" => path,
         _ => return Err("usage: pingora_floor gateway --config FILE".into()),
     };
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
-    let config: serde_yaml_ng::Value =
-        serde_yaml_ng::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
-    let listen = config["listen"]
-        .as_str()
-        .ok_or("the config names no `listen`")?;
-    let threads = config["threads"].as_u64().unwrap_or(1) as usize;
-    let url = config["replicas"][0]["url"]
-        .as_str()
-        .ok_or("the config names no replica `url`")?;
+    let config = kvgate_router::config::load_file(std::path::Path::new(path))
+        .map_err(|errors| {
+            let lines: Vec<String> = errors.iter().map(|e| format!("{path}: {e}")).collect();
+            lines.join("\n")
+        })?
+        .config;
+    let url = &config
+        .replicas
+        .first()
+        .ok_or("the config names no replica")?
+        .url;
     let authority = url.trim_start_matches("http://").trim_end_matches('/');
-    Ok((listen.to_string(), threads, authority.to_string()))
+    Ok((
+        config.listen.addresses().to_vec(),
+        config.threads,
+        authority.to_string(),
+    ))
 }
 
 fn main() -> Result<(), String> {
@@ -148,7 +154,9 @@ fn main() -> Result<(), String> {
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
     let mut service = Service::new("pingora floor".into(), floor);
-    service.add_tcp(&listen);
+    for address in &listen {
+        service.add_tcp(address);
+    }
     server.add_service(service);
     server.run_forever()
 }
