@@ -42,8 +42,9 @@ pub struct PolicyConfig {
     /// Text mode: chunk hashes remembered per replica (least recently used dropped first).
     pub prefix_capacity: usize,
     /// Token mode: a routing decision assumes the chosen replica holds the prompt's blocks for
-    /// this long, until the replica's KV events confirm them (`speculative_ttl_ms`, its old
-    /// name, is still read).
+    /// this long, whatever its KV events show meanwhile: they cover the time until its events
+    /// arrive and, through an eviction, keep the prefix on the replica that computes it again
+    /// (`speculative_ttl_ms`, its old name, is still read).
     #[serde(alias = "speculative_ttl_ms")]
     pub assumed_ttl_ms: u64,
     /// A session keeps its replica while it sends a request at least this often.

@@ -1,7 +1,9 @@
 //! Precise prefix index (token mode): block hash → the replicas that hold the block and in
 //! which tier, fed by the workers' KV events, which name exactly the hashes the gateway computes
 //! from the prompt's token ids. A routing decision adds short-lived assumed entries for
-//! the chosen replica, covering the time until its stored-block events arrive; a prompt sent to
+//! the chosen replica, covering the time until its stored-block events arrive (and standing,
+//! whatever the events say, until they expire: through an eviction they keep the prefix on the
+//! replica that computes it again, where ending them at the events spread it); a prompt sent to
 //! several replicas in that time is guessed on each (up to [`GUESSES_PER_BLOCK`]). To keep a
 //! decision cheap, a guess is recorded at every [`ASSUMED_STRIDE`]-th block and at the
 //! prompt's last one, so a guessed run is counted in whole strides (a later prompt that shares
@@ -47,7 +49,7 @@ pub struct PreciseIndex {
     holders: HashKeyMap<Holders>,
     per_replica: Vec<ReplicaBlocks>,
     /// Checkpoint block hash → (replica, expiry ms) of the routing decisions that sent it,
-    /// until events confirm it; one entry per replica.
+    /// until the guess expires; one entry per replica.
     assumed: HashKeyMap<Vec<(ReplicaId, u64)>>,
     /// Guesses in expiry order (expiry, hash), for purging.
     expiries: VecDeque<(u64, u64)>,
