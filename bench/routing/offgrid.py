@@ -17,10 +17,14 @@ OUT/cN/ (kvgate sim's results; a cell already there is not run again) and OUT/of
 
 Usage: bench/routing/offgrid.py [--draw 2] [--cells 100] [--seeds 4] [--jobs 2] [--out DIR]
                                 [--caps-from DIR] [--kvgate BINARY] [--try POLICY.yaml ...]
+                                [--exchange-ms MS]
 --caps-from takes each cell's capacity from an earlier run's OUT, so that two builds are
 offered the same arrivals (a capacity is measured with the build's own default). --try runs
 kvgate policy files on every cell too, on the same arrivals, and prints and sums up each one's
-P90 over the best peer's beside the default's.
+P90 over the best peer's beside the default's. --exchange-ms also runs kvgate on every cell
+with two gateways with them telling each other their decisions and prefill backlogs every MS
+(`peers:`, `kvgate sim --gateway-exchange-ms`), on the same arrivals, and sums the draw up as
+deployed too: those cells with the exchange, the others as they are (one gateway has no peers).
 """
 import argparse, concurrent.futures, json, os, random, statistics, subprocess, sys
 
@@ -94,15 +98,28 @@ def run_cell(index, shape, args):
                 os.path.join(out, f"seed{seed}"), ["kvgate", *grid.PEERS, *args.tries])
         best = min(grid.PEERS, key=lambda p: s[p]["ttft_s"]["p90"])
         cached = max(s[p]["cached_token_ratio"] for p in grid.PEERS)
+        exchanged = s["kvgate"]
+        if args.exchange_ms and shape["gateways"] > 1:
+            exchanged = run(flags(shape, seed) + ["--rate", f"{shape['load'] * cap:.6g}",
+                                                  "--gateway-exchange-ms", str(args.exchange_ms)],
+                            os.path.join(out, f"seed{seed}", "exchange"), ["kvgate"])["kvgate"]
         per_seed.append({
             "p90_over_best_peer": s["kvgate"]["ttft_s"]["p90"] / s[best]["ttft_s"]["p90"],
             "cached_over_best_peer": s["kvgate"]["cached_token_ratio"] / cached if cached else 1.0,
+            "deployed_p90": exchanged["ttft_s"]["p90"] / s[best]["ttft_s"]["p90"],
+            "deployed_cached": exchanged["cached_token_ratio"] / cached if cached else 1.0,
             "best_peer": best,
             "tries": {name_of(t): s[name_of(t)]["ttft_s"]["p90"] / s[best]["ttft_s"]["p90"]
                       for t in args.tries},
         })
     ratios = [r["p90_over_best_peer"] for r in per_seed]
+    deployed = [r["deployed_p90"] for r in per_seed]
     return {
+        "deployed": {
+            "p90_over_best_peer": statistics.median(deployed),
+            "per_seed": [round(r, 3) for r in deployed],
+            "cached_over_best_peer": statistics.median(r["deployed_cached"] for r in per_seed),
+        },
         "tries": {name_of(t): statistics.median(r["tries"][name_of(t)] for r in per_seed)
                   for t in args.tries},
         "shape": describe(shape),
@@ -110,6 +127,16 @@ def run_cell(index, shape, args):
         "per_seed": [round(r, 3) for r in ratios],
         "cached_over_best_peer": statistics.median(r["cached_over_best_peer"] for r in per_seed),
         "best_peer": statistics.mode(r["best_peer"] for r in per_seed),
+    }
+
+
+def sum_up(p90, cached):
+    return {
+        "median": statistics.median(p90),
+        "geometric_mean": statistics.geometric_mean(p90),
+        "over_1_05": sum(r > 1.05 for r in p90),
+        "over_1_25": sum(r > 1.25 for r in p90),
+        "cached_under_0_95": sum(c < 0.95 for c in cached),
     }
 
 
@@ -123,6 +150,7 @@ def main():
     ap.add_argument("--caps-from")
     ap.add_argument("--kvgate", default=grid.KVGATE)
     ap.add_argument("--try", dest="tries", nargs="*", default=[], metavar="POLICY.yaml")
+    ap.add_argument("--exchange-ms", type=int, default=None, metavar="MS")
     args = ap.parse_args()
     grid.KVGATE = args.kvgate
     os.makedirs(args.out, exist_ok=True)
@@ -135,22 +163,23 @@ def main():
             c = f.result()
             cells.append(c)
             tried = "".join(f" {t} {r:.2f}" for t, r in c["tries"].items())
+            if args.exchange_ms and shapes[i]["gateways"] > 1:
+                tried += f" exchange {c['deployed']['p90_over_best_peer']:.2f}"
             print(f"c{i:<3} {c['shape']:<72} {c['p90_over_best_peer']:.2f} {c['per_seed']} "
                   f"cached {c['cached_over_best_peer']:.2f} best {c['best_peer']}{tried}",
                   flush=True)
-    p90 = [c["p90_over_best_peer"] for c in cells]
     summary = {
         "cells": len(cells),
-        "median": statistics.median(p90),
-        "geometric_mean": statistics.geometric_mean(p90),
-        "over_1_05": sum(r > 1.05 for r in p90),
-        "over_1_25": sum(r > 1.25 for r in p90),
-        "cached_under_0_95": sum(c["cached_over_best_peer"] < 0.95 for c in cells),
+        **sum_up([c["p90_over_best_peer"] for c in cells],
+                 [c["cached_over_best_peer"] for c in cells]),
         "tries": {name_of(t): {"geometric_mean": statistics.geometric_mean(
                                    c["tries"][name_of(t)] for c in cells),
                                "over_1_25": sum(c["tries"][name_of(t)] > 1.25 for c in cells)}
                   for t in args.tries},
     }
+    if args.exchange_ms:
+        summary["deployed"] = sum_up([c["deployed"]["p90_over_best_peer"] for c in cells],
+                                     [c["deployed"]["cached_over_best_peer"] for c in cells])
     print(json.dumps(summary))
     with open(os.path.join(args.out, "offgrid.json"), "w") as f:
         json.dump({"summary": summary, "cells": cells}, f, indent=1)
