@@ -32,6 +32,8 @@ pub struct ReplicaView {
     /// those its running requests use and those its KV events show cached on the device
     /// (`None` without both). A copy of a prompt that fits there evicts nothing.
     pub kv_empty_tokens: Option<u64>,
+    /// Tokens all its KV blocks take, as its agent last reported (`None` without reports).
+    pub kv_capacity_tokens: Option<u64>,
     /// For a request naming a LoRA adapter: 1 if resident here, 0.5 if a slot is free to load
     /// it, else 0 (and 0 for every replica when the request names no adapter).
     pub adapter_fit: f64,

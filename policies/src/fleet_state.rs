@@ -341,6 +341,7 @@ impl FleetState {
                     .precise_index()
                     .device_blocks(id)
                     .and_then(|cached| r.reported_kv_room(cached)),
+                kv_capacity_tokens: r.reported_kv_capacity(),
                 adapter_fit,
             })
             .collect();

@@ -13,9 +13,10 @@
 //! [`PreciseIndex::apply`] ask for a snapshot, which replaces what the replica held.
 
 use crate::holders::Holders;
+use crate::lru::LruSet;
 use crate::tiers::{tier_bit, HeldByTier, TierValues, DEVICE, DISK, HOST};
 use crate::ReplicaId;
-use kvgate_protocol::kv_events::{KvEvent, KvEventBatch, KvSnapshot};
+use kvgate_protocol::kv_events::{KvEvent, KvEventBatch, KvSnapshot, Tier};
 use kvgate_protocol::telemetry::KvUpdate;
 use kvgate_protocol::HashKeyMap;
 use std::collections::VecDeque;
@@ -41,6 +42,33 @@ struct ReplicaBlocks {
     device: u64,
     /// The last event batch applied; `None` until a snapshot.
     seq: Option<u64>,
+    /// Blocks its events removed from the device lately.
+    removed: Option<LruSet>,
+    /// Of the blocks its events store on the device, the share (a moving average) it had
+    /// removed lately: what it computes again for having evicted it.
+    recomputed: f64,
+}
+
+/// Removed blocks remembered per replica, to tell a block computed again.
+const REMOVED_REMEMBERED: usize = 8_192;
+
+/// Stored blocks the recompute share averages over, about.
+const RECOMPUTE_WINDOW: f64 = 256.0;
+
+impl ReplicaBlocks {
+    fn note_removed(&mut self, hashes: &[u64]) {
+        let removed = self
+            .removed
+            .get_or_insert_with(|| LruSet::new(REMOVED_REMEMBERED));
+        for &h in hashes {
+            removed.insert(h);
+        }
+    }
+
+    fn note_stored(&mut self, hash: u64, reloaded: bool) {
+        let again = !reloaded && self.removed.as_ref().is_some_and(|r| r.contains(hash));
+        self.recomputed += (f64::from(u8::from(again)) - self.recomputed) / RECOMPUTE_WINDOW;
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -145,12 +173,21 @@ impl PreciseIndex {
             match event {
                 KvEvent::Stored { hashes, tier, .. } => {
                     for &h in hashes {
+                        let held = self.replica_mut(replica).blocks.get(&h).copied();
                         self.add(replica, h, tier_bit(*tier));
+                        if *tier == Tier::Device {
+                            // Loaded back from a lower tier is not computed again.
+                            let reloaded = held.is_some_and(|t| t & (HOST | DISK) != 0);
+                            self.replica_mut(replica).note_stored(h, reloaded);
+                        }
                     }
                 }
                 KvEvent::Removed { hashes, tier } => {
                     for &h in hashes {
                         self.remove(replica, h, tier_bit(*tier));
+                    }
+                    if *tier == Tier::Device {
+                        self.replica_mut(replica).note_removed(hashes);
                     }
                 }
                 KvEvent::AllCleared => {
@@ -198,6 +235,14 @@ impl PreciseIndex {
                 self.holders.remove(&hash);
             }
         }
+    }
+
+    /// Of the blocks `replica`'s events stored on its device lately, the share its events had
+    /// removed shortly before (0 with none): a cache recomputing what it evicted.
+    pub fn recompute_share(&self, replica: ReplicaId) -> f64 {
+        self.per_replica
+            .get(replica.0 as usize)
+            .map_or(0.0, |r| r.recomputed)
     }
 
     /// The blocks `replica`'s KV events show on its device (`None` before its first

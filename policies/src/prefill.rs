@@ -129,6 +129,7 @@ mod tests {
             stale: false,
             kv_usage,
             kv_empty_tokens: None,
+            kv_capacity_tokens: None,
             adapter_fit: 0.0,
         };
         let roomy = idle(Some(0.1));
@@ -164,6 +165,7 @@ mod tests {
                 stale: false,
                 kv_usage: Some(0.5),
                 kv_empty_tokens,
+                kv_capacity_tokens: None,
                 adapter_fit: 0.0,
             };
         // 1,000 tokens, 10 blocks; another candidate holds 8 of them; the whole penalty.

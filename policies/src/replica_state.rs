@@ -163,6 +163,19 @@ impl ReplicaState {
             })
     }
 
+    /// Tokens all the KV blocks its agent last reported take (`None` as for
+    /// [`ReplicaState::reported_kv_room`]).
+    pub fn reported_kv_capacity(&self) -> Option<u64> {
+        self.agent
+            .as_ref()
+            .filter(|a| a.load.kv_blocks_total > 0 && a.load.block_size > 0)
+            .map(|a| {
+                a.load
+                    .kv_blocks_total
+                    .saturating_mul(u64::from(a.load.block_size))
+            })
+    }
+
     /// How well it suits a request naming adapter `model`, from its agent's report: `None`
     /// without reports; else whether it is resident and whether a slot is free to load it.
     pub(crate) fn adapter(&self, model: &str) -> Option<AdapterStatus> {

@@ -1,5 +1,6 @@
 //! Selection: filter, score, rank.
 
+use crate::live_histories::LiveHistories;
 use crate::load_cap::{FleetLoad, LoadCaps};
 use crate::prefill::PromptWork;
 use crate::sessions::SessionTable;
@@ -96,6 +97,9 @@ pub struct Decision {
     /// The request opened a session (none bound yet): what every holder of its group has
     /// counted as held as for a hot group.
     pub opens_session: bool,
+    /// The session's home was past its cache with this turn (`select/session_room.rs`): its
+    /// history there counted as gone, and the session signal went to another replica.
+    pub session_past_cache: bool,
     /// How many replicas were tied within `tie_margin` (the first of `ranked` was drawn from
     /// them); 1 when none was, 0 with no candidate.
     pub tied: u32,
@@ -113,6 +117,8 @@ pub struct Policy {
     groups: GroupTraffic,
     /// The blocks of new groups' first requests, per replica: where groups were placed.
     placed: RecentTraffic,
+    /// The sessions' own histories live on each replica.
+    live: LiveHistories,
     members: Vec<(ReplicaId, String)>,
     /// Gateways routing to this fleet, this one included (see [`Policy::set_gateways`]).
     gateways: u32,
@@ -130,6 +136,7 @@ impl Policy {
             traffic: RecentTraffic::default(),
             groups: GroupTraffic::new(GROUPS_COUNTED),
             placed: RecentTraffic::default(),
+            live: LiveHistories::default(),
             members: Vec::new(),
             gateways: 1,
         }
@@ -171,6 +178,7 @@ impl Policy {
                 let half_life = self.config.traffic_half_life_ms;
                 self.traffic.clear(old.0 as usize, half_life);
                 self.placed.clear(old.0 as usize, half_life);
+                self.live.clear_replica(*old);
             }
         }
         self.members = members
@@ -227,6 +235,7 @@ impl Policy {
                 );
             }
         }
+        let shared = self.shared_part(features);
         if features.block_hashes.is_empty() {
             self.prefix.insert(replica, &features.prefix_chunks);
         } else {
@@ -236,14 +245,7 @@ impl Policy {
                 .assume(replica, hashes, held, features.now_ms, expires);
         }
         if let Some(session) = features.session {
-            let c = &self.config;
-            self.sessions.bind(
-                session,
-                replica,
-                features.now_ms,
-                c.session_ttl_ms,
-                c.session_capacity,
-            );
+            self.bind_session(session, replica, shared, features);
         }
     }
 
@@ -318,7 +320,22 @@ impl Policy {
         fleet: FleetView<'_>,
         top: usize,
     ) -> Decision {
-        let (matched, heat_matched, blocks) = self.prefix_overlap(features, fleet);
+        let (mut matched, heat_matched, blocks) = self.prefix_overlap(features, fleet);
+        let mut session_home = features.session.and_then(|s| {
+            self.sessions
+                .get(s, features.now_ms, self.config.session_ttl_ms)
+        });
+        let mut session_past_cache = false;
+        if let Some(home) = session_home {
+            if let Some(to) = self.session_move(features, home, fleet) {
+                // Past its cache, the home evicts the history while the turn waits there.
+                if let Some(m) = matched.get_mut(home.0 as usize) {
+                    *m = 0.0;
+                }
+                session_home = Some(to);
+                session_past_cache = true;
+            }
+        }
         let load = FleetLoad::of(fleet.replicas.iter(), &matched);
         if load.healthy == 0 {
             return Decision::default();
@@ -369,9 +386,6 @@ impl Policy {
         } else {
             0
         };
-        let session_home = features
-            .session
-            .and_then(|s| self.sessions.get(s, features.now_ms, c.session_ttl_ms));
         // A session's own history serves only its next turn: moving it costs that turn alone.
         let penalty = if hot || features.session.is_some() {
             0.0
@@ -517,6 +531,7 @@ impl Policy {
             load_bound,
             hot_group: hot,
             opens_session,
+            session_past_cache,
             tied,
         }
     }
@@ -550,6 +565,7 @@ fn draw_tie(
 }
 
 mod groups;
+mod session_room;
 
 #[cfg(test)]
 mod tests;

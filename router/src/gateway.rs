@@ -524,7 +524,7 @@ impl Gateway {
             .map(|c| serde_json::json!({ "replica": name(c.replica), "score": c, "held_blocks": held(c.replica) }))
             .collect();
         Ok(
-            serde_json::json!({ "model": model, "load_bound": decision.load_bound, "hot_group": decision.hot_group, "opens_session": decision.opens_session, "tied": decision.tied, "candidates": candidates }),
+            serde_json::json!({ "model": model, "load_bound": decision.load_bound, "hot_group": decision.hot_group, "opens_session": decision.opens_session, "session_past_cache": decision.session_past_cache, "tied": decision.tied, "candidates": candidates }),
         )
     }
 }

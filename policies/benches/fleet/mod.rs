@@ -148,6 +148,7 @@ fn fleet(replicas: u32) -> Vec<ReplicaView> {
             stale: false,
             kv_usage: None,
             kv_empty_tokens: None,
+            kv_capacity_tokens: None,
             adapter_fit: 0.0,
         })
         .collect()

@@ -358,3 +358,48 @@ fn past_the_bound_a_new_guess_replaces_the_one_due_first() {
     assert_eq!(m[0], 0.0, "replica 0's guess was due first");
     assert!(m[1..].iter().all(|&v| v == 1.0), "{m:?}");
 }
+
+#[test]
+fn blocks_stored_again_after_their_removal_count_as_recomputed() {
+    let mut idx = PreciseIndex::default();
+    let blocks: Vec<u64> = (1..=300).collect();
+    let removed = |seq| KvEventBatch {
+        version: KV_EVENTS_VERSION,
+        seq,
+        events: vec![KvEvent::Removed {
+            hashes: blocks.clone(),
+            tier: Tier::Device,
+        }],
+    };
+    assert_eq!(idx.recompute_share(A), 0.0);
+    idx.apply(A, &snapshot(0, &[]));
+    idx.apply(A, &batches(vec![stored(1, &blocks, Tier::Device)]));
+    assert_eq!(idx.recompute_share(A), 0.0, "first computed");
+    // Offloaded to the host and loaded back is not a recompute.
+    idx.apply(
+        A,
+        &batches(vec![removed(2), stored(3, &blocks, Tier::Host)]),
+    );
+    idx.apply(A, &batches(vec![stored(4, &blocks, Tier::Device)]));
+    assert_eq!(idx.recompute_share(A), 0.0);
+    // Evicted from every tier and computed again is.
+    let gone = KvEventBatch {
+        version: KV_EVENTS_VERSION,
+        seq: 6,
+        events: vec![KvEvent::Removed {
+            hashes: blocks.clone(),
+            tier: Tier::Host,
+        }],
+    };
+    idx.apply(
+        A,
+        &batches(vec![removed(5), gone, stored(7, &blocks, Tier::Device)]),
+    );
+    let share = idx.recompute_share(A);
+    assert!(share > 0.6, "{share}");
+    assert_eq!(idx.recompute_share(B), 0.0);
+    // New blocks computed after bring it down.
+    let fresh: Vec<u64> = (1_000..1_300).collect();
+    idx.apply(A, &batches(vec![stored(8, &fresh, Tier::Device)]));
+    assert!(idx.recompute_share(A) < share / 2.0);
+}

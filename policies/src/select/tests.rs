@@ -7,6 +7,7 @@ use proptest::prelude::*;
 
 mod hot_group;
 mod saturation;
+mod session_room;
 mod sessions;
 mod spread;
 mod ties;
@@ -72,6 +73,7 @@ fn view(loads: &[u32]) -> Vec<ReplicaView> {
             stale: false,
             kv_usage: None,
             kv_empty_tokens: None,
+            kv_capacity_tokens: None,
             adapter_fit: 0.0,
         })
         .collect()
