@@ -151,29 +151,26 @@ impl ReplicaState {
     /// and `cached` more blocks (`None` without reports, or when the engine reports no KV
     /// blocks or block size).
     pub fn reported_kv_room(&self, cached: u64) -> Option<u64> {
-        self.agent
-            .as_ref()
-            .filter(|a| a.load.kv_blocks_total > 0 && a.load.block_size > 0)
-            .map(|a| {
-                let l = &a.load;
-                let empty = l
-                    .kv_blocks_total
-                    .saturating_sub(l.kv_blocks_used.saturating_add(cached));
-                empty.saturating_mul(u64::from(l.block_size))
-            })
+        self.reported_kv_tokens(|l| {
+            l.kv_blocks_total
+                .saturating_sub(l.kv_blocks_used.saturating_add(cached))
+        })
     }
 
     /// Tokens all the KV blocks its agent last reported take (`None` as for
     /// [`ReplicaState::reported_kv_room`]).
     pub fn reported_kv_capacity(&self) -> Option<u64> {
+        self.reported_kv_tokens(|l| l.kv_blocks_total)
+    }
+
+    /// The tokens of `blocks` of its last report's KV blocks, where it reports blocks and
+    /// their size.
+    fn reported_kv_tokens(&self, blocks: impl Fn(&EngineLoad) -> u64) -> Option<u64> {
         self.agent
             .as_ref()
-            .filter(|a| a.load.kv_blocks_total > 0 && a.load.block_size > 0)
-            .map(|a| {
-                a.load
-                    .kv_blocks_total
-                    .saturating_mul(u64::from(a.load.block_size))
-            })
+            .map(|a| &a.load)
+            .filter(|l| l.kv_blocks_total > 0 && l.block_size > 0)
+            .map(|l| blocks(l).saturating_mul(u64::from(l.block_size)))
     }
 
     /// How well it suits a request naming adapter `model`, from its agent's report: `None`
