@@ -94,14 +94,13 @@ def run_cell(index, shape, args):
     cap = capacity(shape, os.path.join(args.caps_from, f"c{index}") if args.caps_from else out)
     per_seed = []
     for seed in range(1, args.seeds + 1):
-        s = run(flags(shape, seed) + ["--rate", f"{shape['load'] * cap:.6g}"],
-                os.path.join(out, f"seed{seed}"), ["kvgate", *grid.PEERS, *args.tries])
+        arrivals = flags(shape, seed) + ["--rate", f"{shape['load'] * cap:.6g}"]
+        s = run(arrivals, os.path.join(out, f"seed{seed}"), ["kvgate", *grid.PEERS, *args.tries])
         best = min(grid.PEERS, key=lambda p: s[p]["ttft_s"]["p90"])
         cached = max(s[p]["cached_token_ratio"] for p in grid.PEERS)
         exchanged = s["kvgate"]
         if args.exchange_ms and shape["gateways"] > 1:
-            exchanged = run(flags(shape, seed) + ["--rate", f"{shape['load'] * cap:.6g}",
-                                                  "--gateway-exchange-ms", str(args.exchange_ms)],
+            exchanged = run(arrivals + ["--gateway-exchange-ms", str(args.exchange_ms)],
                             os.path.join(out, f"seed{seed}", "exchange"), ["kvgate"])["kvgate"]
         per_seed.append({
             "p90_over_best_peer": s["kvgate"]["ttft_s"]["p90"] / s[best]["ttft_s"]["p90"],
