@@ -183,6 +183,22 @@ fn bench(c: &mut Criterion) {
         })
     });
     group.finish();
+
+    // An agent's long conversation of short turns: what rendering costs per message, against
+    // what tokenizing costs per byte above (the gateway weighs the two to keep a request's
+    // work on the proxy thread small).
+    let turns: Vec<serde_json::Value> = (0..256)
+        .map(|k| {
+            let role = if k % 2 == 0 { "user" } else { "assistant" };
+            serde_json::json!({"role": role, "content": format!("step {k}: ok")})
+        })
+        .collect();
+    let body = serde_json::json!({"model": "m", "messages": turns});
+    let long = GenerationRequest::parse(Endpoint::Chat, body.to_string().as_bytes())
+        .unwrap_or_else(|e| panic!("{}", e.message));
+    c.bench_function("render_256_short_messages", |b| {
+        b.iter(|| black_box(chat_text(template, &long)))
+    });
 }
 
 criterion_group!(benches, bench);

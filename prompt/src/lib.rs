@@ -13,6 +13,8 @@ pub mod template;
 pub mod tokenizer;
 mod word_cache;
 
+pub use request::RENDER_BYTES_PER_MESSAGE;
+
 use gguf::{Gguf, GgufError};
 use segments::SegmentCache;
 use std::path::Path;

@@ -360,6 +360,45 @@ fn a_new_turn_behind_a_cached_system_prompt_fits_a_small_budget() {
     assert_eq!(first.len(), second.len());
 }
 
+/// A conversation of many short turns costs its rendering against the budget too: one whose
+/// text fits but whose messages do not is left to a thread that may stall, before it is
+/// rendered; within a budget that covers both, its ids are the whole ones.
+#[test]
+fn many_short_turns_spend_the_budget_on_their_rendering() {
+    use kvgate_protocol::openai::{Endpoint, GenerationRequest};
+    let m = model();
+    let chat = |turns: usize| {
+        let messages: Vec<_> = (0..turns)
+            .map(|k| serde_json::json!({"role": if k % 2 == 0 { "user" } else { "assistant" }, "content": format!("ok {k}")}))
+            .collect();
+        let body = serde_json::json!({"model": "m", "messages": messages});
+        GenerationRequest::parse(Endpoint::Chat, body.to_string().as_bytes()).unwrap()
+    };
+    let budget = 2 << 10;
+    let over = budget / kvgate_prompt::RENDER_BYTES_PER_MESSAGE + 1;
+    let long = chat(over);
+    let text_bytes: usize = (0..over).map(|k| format!("ok {k}").len() + 16).sum();
+    assert!(text_bytes < budget, "the text alone fits");
+    assert!(m
+        .prompt_ids_within(Endpoint::Chat, &long, 8192, budget)
+        .unwrap()
+        .is_none());
+    let short = chat(over / 2);
+    let (within, _) = m
+        .prompt_ids_within(Endpoint::Chat, &short, 8192, budget)
+        .unwrap()
+        .expect("half as many turns fit");
+    assert_eq!(
+        within,
+        m.prompt_ids(Endpoint::Chat, &short, 8192).unwrap().0
+    );
+    let (whole, _) = m
+        .prompt_ids_within(Endpoint::Chat, &long, 8192, usize::MAX)
+        .unwrap()
+        .expect("no budget, no refusal");
+    assert_eq!(whole, m.prompt_ids(Endpoint::Chat, &long, 8192).unwrap().0);
+}
+
 /// The GGUF's chat template rendered the plain way, its messages serialised into maps: what
 /// the template's message objects must render alike.
 fn reference_render(messages: &[(&str, &str)]) -> String {
