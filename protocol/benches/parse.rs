@@ -52,5 +52,33 @@ fn parse(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, parse);
+/// A body just under the gateway's in-place limit (128 KiB) made of 3,000 short turns: what
+/// parsing costs where it is structure, not text.
+fn parse_many_turns(c: &mut Criterion) {
+    let turns: Vec<_> = (0..3000)
+        .map(|i| {
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            serde_json::json!({"role": role, "content": format!("a{i}")})
+        })
+        .collect();
+    let body =
+        serde_json::to_vec(&serde_json::json!({"model": "bench", "messages": turns})).unwrap();
+    c.bench_function("parse/3000_turns", |b| {
+        b.iter(|| GenerationRequest::parse(Endpoint::Chat, black_box(&body)).unwrap())
+    });
+    let escaped = "line\n".repeat(20_000);
+    let body = serde_json::to_vec(&serde_json::json!({"model": "bench",
+        "messages": [{"role": "user", "content": escaped}]}))
+    .unwrap();
+    c.bench_function("parse/20000_escapes", |b| {
+        b.iter(|| GenerationRequest::parse(Endpoint::Chat, black_box(&body)).unwrap())
+    });
+    let ids: Vec<u32> = (0..20_000).collect();
+    let body = serde_json::to_vec(&serde_json::json!({"model": "bench", "prompt": ids})).unwrap();
+    c.bench_function("parse/20000_token_ids", |b| {
+        b.iter(|| GenerationRequest::parse(Endpoint::Completions, black_box(&body)).unwrap())
+    });
+}
+
+criterion_group!(benches, parse, parse_many_turns);
 criterion_main!(benches);

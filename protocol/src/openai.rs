@@ -2,6 +2,8 @@
 //! generators use). Unknown request fields are ignored, as OpenAI-compatible servers do, so a
 //! client's extensions pass through the gateway untouched.
 
+mod either;
+
 pub use crate::json_body::deserialize;
 use crate::{ApiError, ErrorKind};
 use serde::{Deserialize, Serialize};
@@ -303,8 +305,9 @@ impl Stop {
     }
 }
 
-/// `prompt`: a string, a list of strings, token ids, or a list of token-id lists.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// `prompt`: a string, a list of strings, token ids, or a list of token-id lists (read by
+/// its first element: `openai/either.rs`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
 pub enum Prompt {
     Text(String),
@@ -322,8 +325,9 @@ pub struct ChatMessage {
     pub name: Option<String>,
 }
 
-/// Message content: a string, or a list of typed parts of which kvgate reads the text ones.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Message content: a string, or a list of typed parts of which kvgate reads the text ones
+/// (read in one pass: `openai/either.rs`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
 pub enum MessageContent {
     Text(String),
