@@ -6,6 +6,7 @@ pub(crate) mod disagg;
 mod forward;
 mod gather;
 pub mod header;
+mod in_place;
 pub mod request;
 pub mod respond;
 mod this_thread;
@@ -393,15 +394,11 @@ impl ProxyApp {
     }
 }
 
-/// Bodies up to this size are parsed in place, larger ones on a blocking thread: parsing a
-/// body takes time in proportion to its size (about 1 µs per KiB), and Pingora runs one runtime
-/// per thread, so work in place holds up every other connection on the thread; up to here that
-/// costs less than a hand-off's two thread wake-ups.
-const PARSE_IN_PLACE_BYTES: usize = 128 << 10;
-
 /// Token mode: at most this much prompt text found in no tokenization cache is tokenized in
-/// place (a new user turn behind a cached system prompt); a prompt needing more goes to a
-/// blocking thread, since tokenizing a cold long prompt takes milliseconds.
+/// place (a new user turn behind a cached system prompt), each chat message counted as
+/// [`kvgate_prompt::RENDER_BYTES_PER_MESSAGE`] more; a prompt needing more goes to a blocking
+/// thread, since tokenizing a cold long prompt, or rendering thousands of turns, takes
+/// milliseconds.
 const TOKENIZE_IN_PLACE_BYTES: usize = 2 << 10;
 
 impl ProxyApp {
@@ -424,7 +421,7 @@ impl ProxyApp {
             };
             request::parse_within(endpoint, body, &cx, budget)
         };
-        if body.len() <= PARSE_IN_PLACE_BYTES {
+        if in_place::parse_here(body) {
             if let Some(routed) = parse(snapshot, body, TOKENIZE_IN_PLACE_BYTES)? {
                 return Ok(routed);
             }
