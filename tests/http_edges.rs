@@ -1,5 +1,6 @@
 //! The gateway at HTTP's edges, spoken byte by byte over TCP: pipelined requests, HTTP/1.0
-//! clients, too many headers, slow headers and bodies (slowloris), and a client that leaves
+//! clients, too many headers, slow headers and bodies (slowloris), more connections than the
+//! bound, and a client that leaves
 //! before its answer's first byte.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -202,6 +203,52 @@ async fn a_client_leaving_before_the_first_byte_cancels_the_upstream_request() {
     let metrics = gw.metrics().await;
     assert!(
         metric(&metrics, "kvgate_client_disconnects_total") >= 1.0,
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_bound_get_503_and_idle_ones_are_shed_under_pressure() {
+    let w = Worker::start(&[]).await;
+    // The header deadline (30 s) is far above the 1 s wait under pressure.
+    let gw = Gateway::start(&[&w], "limits: {max_connections: 4}\n").await;
+    let idle: Vec<TcpStream> = (0..4).map(|_| connect(&gw)).collect();
+    // Let the gateway count all four before the fifth comes.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut fifth = connect(&gw);
+    let _ = fifth.write_all(completion_request("HTTP/1.1", "", false).as_bytes());
+    let out = read_to_close(&mut fifth);
+    assert!(
+        out.is_empty() || out.starts_with("HTTP/1.1 503"),
+        "past the bound: {out}"
+    );
+    // More than half the bound is open: connections that send nothing are shed, a second
+    // apart, until half of it is (the header deadline, 30 s, would have kept them all).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut shed = 0;
+    for mut s in idle {
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let mut got = [0u8; 64];
+        if let Ok(n) = s.read(&mut got) {
+            let out = String::from_utf8_lossy(&got[..n]);
+            assert!(n == 0 || out.starts_with("HTTP/1.1 408"), "{out}");
+            shed += 1;
+        }
+    }
+    assert_eq!(shed, 2, "shed down to half the bound");
+    // Slots free again: a client is served.
+    let a = send(
+        &client(),
+        &gw.url(),
+        "/v1/completions",
+        &completion("hello", false),
+    )
+    .await;
+    assert_eq!(a.status, 200);
+    let metrics = gw.metrics().await;
+    assert!(
+        metric(&metrics, "kvgate_connections_refused_total") >= 1.0,
         "{metrics}"
     );
 }

@@ -40,6 +40,8 @@ pub fn refresh_gauges(gateway: &Gateway) {
     let fleet = gateway.fleet();
     let ages = fleet.report_ages();
     let m = &gateway.metrics;
+    m.client_connections
+        .set(i64::try_from(gateway.connections.open()).unwrap_or(i64::MAX));
     for replica in &snap.replicas {
         let Some(r) = fleet.replica(replica.slot) else {
             continue;

@@ -51,6 +51,7 @@ pub struct Gateway {
     pub parse_slots: tokio::sync::Semaphore,
     /// Requests in flight and the grace period of a stop.
     pub drain: crate::drain::Drain,
+    pub connections: crate::connections::Connections,
     /// The listeners' certificate, when they serve TLS.
     pub certificate: Option<Arc<crate::tls::Certificate>>,
     /// Decisions waiting to be pushed to peer gateways (with `peers:`).
@@ -123,6 +124,7 @@ impl Gateway {
                 std::thread::available_parallelism().map_or(1, |n| n.get()),
             ),
             drain: Default::default(),
+            connections: Default::default(),
             certificate,
             outbox: Default::default(),
             peer_id: crate::peers::new_peer_id(),
@@ -130,6 +132,13 @@ impl Gateway {
         };
         gateway.sync_fleet_members();
         Ok(gateway)
+    }
+
+    /// Client connections allowed open at once (`limits.max_connections`, else derived from
+    /// the open-file limit).
+    pub fn max_connections(&self, limits: &crate::config::Limits) -> usize {
+        let configured = limits.max_connections.map(std::num::NonZeroU64::get);
+        self.connections.max(configured)
     }
 
     /// This thread's upstream connector. A connection is registered with the runtime of the

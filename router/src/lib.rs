@@ -8,6 +8,7 @@ mod bearer;
 mod classes;
 mod client;
 pub mod config;
+mod connections;
 mod drain;
 mod gateway;
 mod health;
@@ -99,6 +100,11 @@ pub fn run(path: &Path, options: RunOptions) -> Result<(), StartError> {
         }
         if let Some(addr) = &admin {
             check_listen("admin_listen", addr)?;
+        }
+    }
+    if let Some((before, after)) = connections::raise_open_file_limit() {
+        if after > before {
+            tracing::info!(before, after, "open-file limit raised to its hard limit");
         }
     }
     let grace = Duration::from_millis(config.shutdown_grace_ms);

@@ -1,7 +1,7 @@
 //! The gateway's Prometheus metrics (`kvgate_` prefix, base units).
 
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
@@ -35,6 +35,9 @@ pub struct Metrics {
     /// decode_only (a prompt below the pool's minimum), fallback (no prefill replica took it).
     pub pd_requests: IntCounterVec,
     pub client_disconnects: IntCounter,
+    /// Client connections open now, and those closed as they came (`limits.max_connections`).
+    pub client_connections: IntGauge,
+    pub connections_refused: IntCounter,
     pub reloads: IntCounterVec,
     /// Agent reports by result: accepted, unauthorized, rejected, missed (sequence gaps).
     pub agent_reports: IntCounterVec,
@@ -95,6 +98,14 @@ impl Metrics {
             "Clients that went away before their response ended (the upstream request is cancelled)",
         )?;
         registry.register(Box::new(client_disconnects.clone()))?;
+        let client_connections =
+            IntGauge::new("kvgate_client_connections", "Client connections open")?;
+        registry.register(Box::new(client_connections.clone()))?;
+        let connections_refused = IntCounter::new(
+            "kvgate_connections_refused_total",
+            "Client connections closed as they came, past limits.max_connections",
+        )?;
+        registry.register(Box::new(connections_refused.clone()))?;
         let unauthorized = IntCounter::new(
             "kvgate_unauthorized_total",
             "Requests refused for a missing or unknown API key",
@@ -162,6 +173,8 @@ impl Metrics {
                 &["flow", "path"],
             )?,
             client_disconnects,
+            client_connections,
+            connections_refused,
             reloads: counter(
                 "kvgate_config_reloads_total",
                 "Configuration reloads",

@@ -287,6 +287,9 @@ pub struct Limits {
     pub header_timeout_ms: u64,
     /// ... and its body within this; else 408 and the connection closes.
     pub body_timeout_ms: u64,
+    /// Client connections open at once; more are closed as they come. Unset: three quarters
+    /// of the process's open-file limit (raised to its hard limit at start).
+    pub max_connections: Option<std::num::NonZeroU64>,
 }
 
 impl Default for Limits {
@@ -295,6 +298,7 @@ impl Default for Limits {
             max_body_bytes: 32 * 1024 * 1024,
             header_timeout_ms: 30_000,
             body_timeout_ms: 60_000,
+            max_connections: None,
         }
     }
 }

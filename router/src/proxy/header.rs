@@ -59,22 +59,48 @@ pub async fn read_header(session: &mut ServerSession, limits: &Limits) -> bool {
     false
 }
 
-/// The first bytes of a connection within the header deadline. Pingora reads a connection's
-/// first 24 bytes (to tell an h2c preface from HTTP/1) with no deadline, so a client that sends
-/// fewer, or nothing, would hold the connection for ever; this reads them first, with one.
-pub async fn first_bytes(stream: &mut Stream, limits: &Limits) -> bool {
-    let deadline = Duration::from_millis(limits.header_timeout_ms);
+/// The first bytes of a connection within `deadline`, or within `slice` once `pressed` says
+/// too many connections are open (asked every `slice`). Pingora reads a connection's first 24
+/// bytes (to tell an h2c preface from HTTP/1) with no deadline, so a client that sends fewer,
+/// or nothing, would hold the connection for ever; this reads them first, with one.
+pub async fn first_bytes(
+    stream: &mut Stream,
+    deadline: Duration,
+    slice: Duration,
+    pressed: impl Fn() -> bool,
+) -> bool {
     let mut preface = [0u8; 24];
-    match fast_timeout(deadline, stream.try_peek(&mut preface)).await {
-        // Peeked bytes are put back for Pingora's own look.
-        Ok(Ok(_)) => true,
-        Ok(Err(_)) => false,
-        Err(_) => {
-            // What was read is gone with the connection, which closes now.
-            let _ = stream
-                .write_all(b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-                .await;
-            false
+    {
+        // One read, raced against each slice's timer in turn: a read dropped half-way would
+        // lose what it had read.
+        let peek = stream.try_peek(&mut preface);
+        tokio::pin!(peek);
+        let mut waited = Duration::ZERO;
+        while waited < deadline {
+            let wait = slice.min(deadline - waited);
+            match fast_timeout(wait, &mut peek).await {
+                // Peeked bytes are put back for Pingora's own look.
+                Ok(read) => return read.is_ok(),
+                Err(_) if pressed() => break,
+                Err(_) => waited += wait,
+            }
         }
     }
+    // What was read is gone with the connection, which closes now.
+    let _ = stream
+        .write_all(
+            b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+    false
+}
+
+/// Answers a connection past `limits.max_connections` with 503 before it closes (a client that
+/// has sent its request reads it as the answer; a short wait, since nothing is read).
+pub async fn refuse(mut stream: Stream) {
+    let _ = fast_timeout(
+        Duration::from_millis(100),
+        stream.write_all(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"),
+    )
+    .await;
 }

@@ -31,7 +31,7 @@ use pingora_core::protocols::Stream;
 use pingora_core::server::ShutdownWatch;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 /// How long an over-limit request body is drained after its 413 before the connection closes.
@@ -57,13 +57,19 @@ impl HttpServerApp for ProxyApp {
         mut session: ServerSession,
         shutdown: &ShutdownWatch,
     ) -> Option<ReusedHttpStream> {
-        if !header::read_header(&mut session, &self.gateway.snapshot().config.limits).await {
+        let limits = &self.gateway.snapshot().config.limits;
+        if !header::read_header(&mut session, limits).await {
             return None;
         }
         // Pingora has read what the client asked for (HTTP/1.0 and `Connection: close` end
         // the connection after the response); a stopping gateway keeps none.
         let keep = !*shutdown.borrow() && session.get_keepalive().is_some();
-        session.set_keepalive(keep.then_some(header::KEEPALIVE_S));
+        let max = self.gateway.max_connections(limits);
+        let idle_s = match self.gateway.connections.pressed(max) {
+            true => crate::connections::PRESSED_IDLE.as_secs(),
+            false => header::KEEPALIVE_S,
+        };
+        session.set_keepalive(keep.then_some(idle_s));
         let request_id = request_id(&session);
         let span = tracing::info_span!("request", id = %request_id);
         let active = self.gateway.drain.enter();
@@ -112,12 +118,23 @@ impl ServerApp for ProxyService {
         stream: Stream,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
+        let gateway = &self.app.gateway;
+        let limits = &gateway.snapshot().config.limits;
+        let max = gateway.max_connections(limits);
+        let Some(_open) = gateway.connections.enter(max) else {
+            gateway.metrics.connections_refused.inc();
+            header::refuse(stream).await;
+            return None;
+        };
         let mut stream = if self.threads > 1 {
             this_thread::to_this_thread(stream)
         } else {
             stream
         };
-        if !header::first_bytes(&mut stream, &self.app.gateway.snapshot().config.limits).await {
+        let deadline = Duration::from_millis(limits.header_timeout_ms);
+        let slice = crate::connections::PRESSED_IDLE;
+        let pressed = || gateway.connections.pressed(max);
+        if !header::first_bytes(&mut stream, deadline, slice, pressed).await {
             return None;
         }
         self.app.process_new(stream, shutdown).await

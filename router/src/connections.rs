@@ -1,0 +1,119 @@
+//! Client connections open at once, bounded below the process's open-file limit. Without a
+//! bound, a flood of idle connections takes every descriptor: Pingora's accept then fails
+//! (EMFILE) once a second, every new client times out, and the gateway cannot open
+//! connections to its replicas either. Past half the bound, idle waits shrink to a second (as
+//! Envoy's overload manager shortens its timeouts), so connections that send nothing are shed
+//! in a second rather than a minute.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// How long a connection may wait for its first bytes, or idle between requests, once more than
+/// half the bound is open.
+pub const PRESSED_IDLE: Duration = Duration::from_secs(1);
+
+/// Descriptors left for replicas, agents, peers, the admin listener and files when the bound
+/// is derived from the open-file limit: a quarter of it.
+const RESERVED_SHARE: u64 = 4;
+
+pub struct Connections {
+    open: AtomicUsize,
+    /// The bound when the config sets none.
+    default_max: usize,
+}
+
+/// An open client connection, counted until dropped.
+pub struct Open<'a>(&'a Connections);
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Default for Connections {
+    /// Bounded by three quarters of the process's open-file limit as it is now.
+    fn default() -> Self {
+        let files = open_file_limit().unwrap_or(1024);
+        Connections {
+            open: AtomicUsize::new(0),
+            default_max: usize::try_from(files - files / RESERVED_SHARE).unwrap_or(usize::MAX),
+        }
+    }
+}
+
+impl Connections {
+    /// The bound: `configured` (`limits.max_connections`), else three quarters of the
+    /// open-file limit.
+    pub fn max(&self, configured: Option<u64>) -> usize {
+        configured.map_or(self.default_max, |m| {
+            usize::try_from(m).unwrap_or(usize::MAX)
+        })
+    }
+
+    /// Counts a new connection; `None`, counting nothing, when `max` are open already.
+    pub fn enter(&self, max: usize) -> Option<Open<'_>> {
+        let before = self.open.fetch_add(1, Ordering::AcqRel);
+        if before >= max {
+            self.open.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(Open(self))
+    }
+
+    /// Whether more than half of `max` are open.
+    pub fn pressed(&self, max: usize) -> bool {
+        self.open() > max / 2
+    }
+
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Acquire)
+    }
+}
+
+/// The soft open-file limit.
+fn open_file_limit() -> Option<u64> {
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .ok()
+        .map(|(soft, _)| soft)
+}
+
+/// Raises the soft open-file limit to the hard one (as nginx's `worker_rlimit_nofile` and Go's
+/// runtime do); returns the soft limit before and after.
+pub fn raise_open_file_limit() -> Option<(u64, u64)> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    if soft >= hard {
+        return Some((soft, soft));
+    }
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).ok()?;
+    Some((soft, hard))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connections_past_the_bound_are_refused_until_one_closes() {
+        let c = Connections::default();
+        let max = c.max(Some(3));
+        let open: Vec<_> = (0..3).filter_map(|_| c.enter(max)).collect();
+        assert_eq!(open.len(), 3);
+        assert!(c.enter(max).is_none());
+        assert_eq!(c.open(), 3, "a refused connection is not counted");
+        assert!(c.pressed(max));
+        drop(open);
+        assert_eq!(c.open(), 0);
+        assert!(!c.pressed(max));
+        assert!(c.enter(max).is_some());
+    }
+
+    #[test]
+    fn the_default_bound_leaves_a_quarter_of_the_open_file_limit() {
+        let c = Connections::default();
+        let files = open_file_limit().unwrap_or(1024);
+        assert_eq!(c.max(None) as u64, files - files / 4);
+        assert_eq!(c.max(Some(10)), 10);
+    }
+}
