@@ -310,6 +310,8 @@ fn main_logged() -> ExitCode {
         eprintln!("kvgate: {message}");
         return ExitCode::FAILURE;
     }
+    // A gateway or worker serves as many connections as it has descriptors for.
+    kvgate_router::raise_open_file_limit();
     match run(Cli::parse().command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {

@@ -559,3 +559,35 @@ async fn the_first_token_waits_for_the_whole_modelled_prefill() {
         modelled * scale
     );
 }
+
+/// Out of descriptors, the worker's accept fails at once until a connection closes: it pauses
+/// between tries instead of spinning (a core burnt, the log flooded), and serves again once the
+/// connections close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_out_of_descriptors_pauses_instead_of_spinning() {
+    // 64 descriptors, the hard limit too, so that the worker cannot raise it.
+    let (proc, port) = start_on_free_port("sim-64-files", |port| {
+        let mut cmd = std::process::Command::new("prlimit");
+        cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(["--nofile=64:64", env!("CARGO_BIN_EXE_kvgate")])
+            .args(["worker", "--backend", "sim", "--port", &port.to_string()])
+            .args(["--served-model-name", MODEL]);
+        cmd
+    })
+    .await;
+    let flood: Vec<_> = (0..100)
+        .filter_map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).ok())
+        .collect();
+    assert_eq!(
+        flood.len(),
+        100,
+        "the kernel queues what the worker cannot accept"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let log = std::fs::read_to_string(&proc.log).unwrap();
+    let failed = log.matches("accept failed").count();
+    assert!(failed > 0, "descriptors ran out: {log}");
+    assert!(failed < 200, "{failed} failed accepts in 2 s");
+    drop(flood);
+    wait_ok(&format!("http://127.0.0.1:{port}/health")).await;
+}

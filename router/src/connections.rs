@@ -78,16 +78,15 @@ fn open_file_limit() -> Option<u64> {
         .map(|(soft, _)| soft)
 }
 
-/// Raises the soft open-file limit to the hard one (as nginx's `worker_rlimit_nofile` and Go's
-/// runtime do); returns the soft limit before and after.
-pub fn raise_open_file_limit() -> Option<(u64, u64)> {
+/// Raises the soft open-file limit to the hard one, as nginx's `worker_rlimit_nofile` and Go's
+/// runtime do (where it cannot, the limit stays as it was).
+pub fn raise_open_file_limit() {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
-    if soft >= hard {
-        return Some((soft, soft));
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+        }
     }
-    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).ok()?;
-    Some((soft, hard))
 }
 
 #[cfg(test)]

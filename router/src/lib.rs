@@ -24,6 +24,7 @@ mod tls;
 mod tokenizers;
 
 pub use config::{ConfigError, GatewayConfig};
+pub use connections::raise_open_file_limit;
 pub use gateway::Gateway;
 pub use tenants::hash_api_key;
 
@@ -100,11 +101,6 @@ pub fn run(path: &Path, options: RunOptions) -> Result<(), StartError> {
         }
         if let Some(addr) = &admin {
             check_listen("admin_listen", addr)?;
-        }
-    }
-    if let Some((before, after)) = connections::raise_open_file_limit() {
-        if after > before {
-            tracing::info!(before, after, "open-file limit raised to its hard limit");
         }
     }
     let grace = Duration::from_millis(config.shutdown_grace_ms);

@@ -34,6 +34,8 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(25);
 /// How long a stopping worker waits for its engine to finish the step it is in and be
 /// dropped (the disk tier removes its files then).
 const ENGINE_EXIT_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long the listener waits after a failed accept before it tries again.
+const ACCEPT_RETRY: std::time::Duration = std::time::Duration::from_millis(50);
 
 #[derive(Debug, Clone)]
 pub enum BackendChoice {
@@ -283,7 +285,10 @@ async fn serve(listener: tokio::net::TcpListener, ctx: Arc<http::Context>) -> Re
         let stream = match accepted {
             Ok((s, _)) => s,
             Err(e) => {
+                // Out of descriptors, accept fails at once until a connection closes: a
+                // pause, not a loop that burns a core and floods the log.
                 tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(ACCEPT_RETRY).await;
                 continue;
             }
         };
