@@ -252,3 +252,46 @@ async fn connections_past_the_bound_get_503_and_idle_ones_are_shed_under_pressur
         "{metrics}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_alive_connections_are_shed_when_pressure_comes_later() {
+    let w = Worker::start(&[]).await;
+    let gw = Gateway::start(&[&w], "limits: {max_connections: 8}\n").await;
+    // Four connections kept alive after a request each, at half the bound: not pressed, so
+    // each may idle for the usual 60 s.
+    let kept: Vec<TcpStream> = (0..4)
+        .map(|_| {
+            let mut s = connect(&gw);
+            s.write_all(b"GET /health HTTP/1.1\r\nHost: gw\r\n\r\n")
+                .unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 512];
+            while !String::from_utf8_lossy(&got).contains(r#"{"status":"ok"}"#) {
+                let n = s.read(&mut buf).unwrap();
+                assert!(n > 0, "closed before the answer");
+                got.extend_from_slice(&buf[..n]);
+            }
+            s
+        })
+        .collect();
+    // A fifth, busy sending its body, tips the gateway over half the bound; it is not idle,
+    // so one of the kept-alive ones goes.
+    let mut busy = connect(&gw);
+    busy.write_all(
+        b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{",
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut shed = 0;
+    for mut s in kept {
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let mut got = [0u8; 64];
+        if let Ok(n) = s.read(&mut got) {
+            assert_eq!(n, 0, "{}", String::from_utf8_lossy(&got[..n]));
+            shed += 1;
+        }
+    }
+    assert_eq!(shed, 1, "shed down to half the bound");
+    drop(busy);
+}

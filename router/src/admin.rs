@@ -77,7 +77,8 @@ impl HttpServerApp for AdminApp {
         _shutdown: &ShutdownWatch,
     ) -> Option<ReusedHttpStream> {
         let limits = self.gateway.snapshot().config.limits.clone();
-        if !crate::proxy::header::read_header(&mut session, &limits).await {
+        // Admin connections are not counted against the client bound.
+        if !crate::proxy::header::read_header(&mut session, &limits, || false).await {
             return None;
         }
         let method = session.req_header().method.clone();

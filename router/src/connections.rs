@@ -1,16 +1,17 @@
 //! Client connections open at once, bounded below the process's open-file limit. Without a
 //! bound, a flood of idle connections takes every descriptor: Pingora's accept then fails
 //! (EMFILE) once a second, every new client times out, and the gateway cannot open
-//! connections to its replicas either. Past half the bound, idle waits shrink to a second (as
-//! Envoy's overload manager shortens its timeouts), so connections that send nothing are shed
-//! in a second rather than a minute.
+//! connections to its replicas either. Past half the bound, connections waiting for their first
+//! bytes or their next request are closed at each second's check until half are open (as
+//! Envoy's overload manager shortens its timeouts), in seconds rather than a minute.
 
+use pingora_timeout::fast_timeout::fast_timeout;
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-/// How long a connection may wait for its first bytes, or idle between requests, once more than
-/// half the bound is open.
-pub const PRESSED_IDLE: Duration = Duration::from_secs(1);
+/// How often a waiting connection asks whether more than half the bound is open.
+const PRESSURE_CHECK: Duration = Duration::from_secs(1);
 
 /// Descriptors left for replicas, agents, peers, the admin listener and files when the bound
 /// is derived from the open-file limit: a quarter of it.
@@ -69,6 +70,37 @@ impl Connections {
     pub fn open(&self) -> usize {
         self.open.load(Ordering::Acquire)
     }
+}
+
+/// How a wait on a connection ended.
+pub enum Waited<T> {
+    Done(T),
+    TimedOut,
+    /// Given up for a connection in excess while too many are open.
+    Shed,
+}
+
+/// Polls `work` until it is done, `deadline` passes, or `pressed`, asked every
+/// [`PRESSURE_CHECK`], says too many connections are open. One future is polled throughout: a
+/// read dropped half-way would lose what it had read. Pingora's coarse timer is armed only
+/// when `work` is not done at once.
+pub async fn unless_shed<F: Future>(
+    work: F,
+    deadline: Duration,
+    pressed: impl Fn() -> bool,
+) -> Waited<F::Output> {
+    let work = std::pin::pin!(work);
+    let mut work = work;
+    let mut waited = Duration::ZERO;
+    while waited < deadline {
+        let slice = PRESSURE_CHECK.min(deadline - waited);
+        match fast_timeout(slice, &mut work).await {
+            Ok(done) => return Waited::Done(done),
+            Err(_) if pressed() => return Waited::Shed,
+            Err(_) => waited += slice,
+        }
+    }
+    Waited::TimedOut
 }
 
 /// The soft open-file limit.

@@ -4,6 +4,7 @@
 
 use super::respond;
 use crate::config::Limits;
+use crate::connections::{unless_shed, Waited};
 use kvgate_protocol::{ApiError, ErrorKind};
 use pingora_core::protocols::http::ServerSession;
 use pingora_core::protocols::Stream;
@@ -19,8 +20,12 @@ pub const KEEPALIVE_S: u64 = 60;
 pub struct Reused;
 
 /// Reads the next request's header; false when there is none to handle (the client closed,
-/// or it was answered with an error and the connection must close).
-pub async fn read_header(session: &mut ServerSession, limits: &Limits) -> bool {
+/// it was answered with an error, or `pressed` said to shed it: the connection must close).
+pub async fn read_header(
+    session: &mut ServerSession,
+    limits: &Limits,
+    pressed: impl Fn() -> bool,
+) -> bool {
     // HTTP/1.1 pipelining: requests sent before their predecessors' answers are answered in
     // order (otherwise all but the first would be dropped with the connection).
     session.set_pipelining_enabled(true);
@@ -32,13 +37,16 @@ pub async fn read_header(session: &mut ServerSession, limits: &Limits) -> bool {
     let deadline = Duration::from_millis(limits.header_timeout_ms) + Duration::from_secs(idle);
     // Pingora's coarse timer (10 ms), armed only if the header is not there yet: a tokio timer
     // armed while the runtime runs writes to its driver's eventfd, once for every request.
-    let error = match fast_timeout(deadline, session.read_request()).await {
-        Ok(Ok(read)) => return read,
-        Err(_) => ApiError::new(
+    let error = match unless_shed(session.read_request(), deadline, pressed).await {
+        Waited::Done(Ok(read)) => return read,
+        // Idle (or slow) while too many connections are open: closed without a word, as an
+        // idle kept-alive connection may be.
+        Waited::Shed => return false,
+        Waited::TimedOut => ApiError::new(
             ErrorKind::RequestTimeout,
             format!("the request header did not arrive within {deadline:?}"),
         ),
-        Ok(Err(e)) if *e.etype() == ErrorType::InvalidHTTPHeader => {
+        Waited::Done(Err(e)) if *e.etype() == ErrorType::InvalidHTTPHeader => {
             let text = e.to_string();
             if text.contains("too many headers") || text.contains("larger than") {
                 ApiError::new(
@@ -49,7 +57,7 @@ pub async fn read_header(session: &mut ServerSession, limits: &Limits) -> bool {
                 ApiError::new(ErrorKind::InvalidRequest, "malformed request header")
             }
         }
-        Ok(Err(e)) => {
+        Waited::Done(Err(e)) => {
             tracing::debug!(error = %e, "cannot read request header");
             return false;
         }
@@ -59,32 +67,20 @@ pub async fn read_header(session: &mut ServerSession, limits: &Limits) -> bool {
     false
 }
 
-/// The first bytes of a connection within `deadline`, or within `slice` once `pressed` says
-/// too many connections are open (asked every `slice`). Pingora reads a connection's first 24
-/// bytes (to tell an h2c preface from HTTP/1) with no deadline, so a client that sends fewer,
-/// or nothing, would hold the connection for ever; this reads them first, with one.
+/// The first bytes of a connection within `deadline`, unless `pressed` says to shed it first.
+/// Pingora reads a connection's first 24 bytes (to tell an h2c preface from HTTP/1) with no
+/// deadline, so a client that sends fewer, or nothing, would hold the connection for ever;
+/// this reads them first, with one.
 pub async fn first_bytes(
     stream: &mut Stream,
     deadline: Duration,
-    slice: Duration,
     pressed: impl Fn() -> bool,
 ) -> bool {
     let mut preface = [0u8; 24];
+    // Peeked bytes are put back for Pingora's own look.
+    if let Waited::Done(read) = unless_shed(stream.try_peek(&mut preface), deadline, pressed).await
     {
-        // One read, raced against each slice's timer in turn: a read dropped half-way would
-        // lose what it had read.
-        let peek = stream.try_peek(&mut preface);
-        tokio::pin!(peek);
-        let mut waited = Duration::ZERO;
-        while waited < deadline {
-            let wait = slice.min(deadline - waited);
-            match fast_timeout(wait, &mut peek).await {
-                // Peeked bytes are put back for Pingora's own look.
-                Ok(read) => return read.is_ok(),
-                Err(_) if pressed() => break,
-                Err(_) => waited += wait,
-            }
-        }
+        return read.is_ok();
     }
     // What was read is gone with the connection, which closes now.
     let _ = stream

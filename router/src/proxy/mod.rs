@@ -58,18 +58,15 @@ impl HttpServerApp for ProxyApp {
         shutdown: &ShutdownWatch,
     ) -> Option<ReusedHttpStream> {
         let limits = &self.gateway.snapshot().config.limits;
-        if !header::read_header(&mut session, limits).await {
+        let max = self.gateway.max_connections(limits);
+        let pressed = || self.gateway.connections.pressed(max);
+        if !header::read_header(&mut session, limits, pressed).await {
             return None;
         }
         // Pingora has read what the client asked for (HTTP/1.0 and `Connection: close` end
         // the connection after the response); a stopping gateway keeps none.
         let keep = !*shutdown.borrow() && session.get_keepalive().is_some();
-        let max = self.gateway.max_connections(limits);
-        let idle_s = match self.gateway.connections.pressed(max) {
-            true => crate::connections::PRESSED_IDLE.as_secs(),
-            false => header::KEEPALIVE_S,
-        };
-        session.set_keepalive(keep.then_some(idle_s));
+        session.set_keepalive(keep.then_some(header::KEEPALIVE_S));
         let request_id = request_id(&session);
         let span = tracing::info_span!("request", id = %request_id);
         let active = self.gateway.drain.enter();
@@ -132,9 +129,8 @@ impl ServerApp for ProxyService {
             stream
         };
         let deadline = Duration::from_millis(limits.header_timeout_ms);
-        let slice = crate::connections::PRESSED_IDLE;
         let pressed = || gateway.connections.pressed(max);
-        if !header::first_bytes(&mut stream, deadline, slice, pressed).await {
+        if !header::first_bytes(&mut stream, deadline, pressed).await {
             return None;
         }
         self.app.process_new(stream, shutdown).await
