@@ -89,8 +89,7 @@ pub async fn unless_shed<F: Future>(
     deadline: Duration,
     pressed: impl Fn() -> bool,
 ) -> Waited<F::Output> {
-    let work = std::pin::pin!(work);
-    let mut work = work;
+    let mut work = std::pin::pin!(work);
     let mut waited = Duration::ZERO;
     while waited < deadline {
         let slice = PRESSURE_CHECK.min(deadline - waited);
