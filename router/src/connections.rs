@@ -1,9 +1,10 @@
 //! Client connections open at once, bounded below the process's open-file limit. Without a
 //! bound, a flood of idle connections takes every descriptor: Pingora's accept then fails
 //! (EMFILE) once a second, every new client times out, and the gateway cannot open
-//! connections to its replicas either. Past half the bound, connections waiting for their first
-//! bytes or their next request are closed at each second's check until half are open (as
-//! Envoy's overload manager shortens its timeouts), in seconds rather than a minute.
+//! connections to its replicas either. Past half the bound, connections waiting for their
+//! first bytes or their next request are closed at each second's check until at most half are
+//! open (as Envoy's overload manager shortens its timeouts), in seconds rather than a minute.
+//! Checks racing each other may close one more than needed.
 
 use pingora_timeout::fast_timeout::fast_timeout;
 use std::future::Future;
