@@ -6,6 +6,7 @@
 //! open (as Envoy's overload manager shortens its timeouts), in seconds rather than a minute.
 //! Checks racing each other may close one more than needed.
 
+use crate::config::Limits;
 use pingora_timeout::fast_timeout::fast_timeout;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -45,11 +46,10 @@ impl Default for Connections {
 }
 
 impl Connections {
-    /// The bound: `configured` (`limits.max_connections`), else three quarters of the
-    /// open-file limit.
-    pub fn max(&self, configured: Option<u64>) -> usize {
-        configured.map_or(self.default_max, |m| {
-            usize::try_from(m).unwrap_or(usize::MAX)
+    /// The bound: `limits.max_connections`, else three quarters of the open-file limit.
+    pub fn max(&self, limits: &Limits) -> usize {
+        limits.max_connections.map_or(self.default_max, |m| {
+            usize::try_from(m.get()).unwrap_or(usize::MAX)
         })
     }
 
@@ -125,10 +125,17 @@ pub fn raise_open_file_limit() {
 mod tests {
     use super::*;
 
+    fn bound(max: u64) -> Limits {
+        Limits {
+            max_connections: std::num::NonZeroU64::new(max),
+            ..Limits::default()
+        }
+    }
+
     #[test]
     fn connections_past_the_bound_are_refused_until_one_closes() {
         let c = Connections::default();
-        let max = c.max(Some(3));
+        let max = c.max(&bound(3));
         let open: Vec<_> = (0..3).filter_map(|_| c.enter(max)).collect();
         assert_eq!(open.len(), 3);
         assert!(c.enter(max).is_none());
@@ -144,7 +151,7 @@ mod tests {
     fn the_default_bound_leaves_a_quarter_of_the_open_file_limit() {
         let c = Connections::default();
         let files = open_file_limit().unwrap_or(1024);
-        assert_eq!(c.max(None) as u64, files - files / 4);
-        assert_eq!(c.max(Some(10)), 10);
+        assert_eq!(c.max(&Limits::default()) as u64, files - files / 4);
+        assert_eq!(c.max(&bound(10)), 10);
     }
 }

@@ -134,13 +134,6 @@ impl Gateway {
         Ok(gateway)
     }
 
-    /// Client connections allowed open at once (`limits.max_connections`, else derived from
-    /// the open-file limit).
-    pub fn max_connections(&self, limits: &crate::config::Limits) -> usize {
-        let configured = limits.max_connections.map(std::num::NonZeroU64::get);
-        self.connections.max(configured)
-    }
-
     /// This thread's upstream connector. A connection is registered with the runtime of the
     /// thread that opened it, and each of its reads is dispatched there: a pool shared between
     /// threads would hand a request connections whose every read wakes another thread.

@@ -7,7 +7,7 @@
 //! by what each costs, bound its parse to about 0.1 ms.
 
 /// Bodies larger than this go to a blocking thread.
-pub const MAX_BYTES: usize = 128 << 10;
+const MAX_BYTES: usize = 128 << 10;
 
 /// Bodies up to this size are parsed in place whatever their structure (at most about 60 µs:
 /// 400 chat messages).

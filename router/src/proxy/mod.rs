@@ -57,10 +57,10 @@ impl HttpServerApp for ProxyApp {
         mut session: ServerSession,
         shutdown: &ShutdownWatch,
     ) -> Option<ReusedHttpStream> {
-        let limits = &self.gateway.snapshot().config.limits;
-        let max = self.gateway.max_connections(limits);
+        let limits = self.gateway.snapshot().config.limits.clone();
+        let max = self.gateway.connections.max(&limits);
         let pressed = || self.gateway.connections.pressed(max);
-        if !header::read_header(&mut session, limits, pressed).await {
+        if !header::read_header(&mut session, &limits, pressed).await {
             return None;
         }
         // Pingora has read what the client asked for (HTTP/1.0 and `Connection: close` end
@@ -116,8 +116,11 @@ impl ServerApp for ProxyService {
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
         let gateway = &self.app.gateway;
-        let limits = &gateway.snapshot().config.limits;
-        let max = gateway.max_connections(limits);
+        // Read once: the snapshot (tokenizers and all) is not held for the connection's life.
+        let (max, header_timeout_ms) = {
+            let limits = &gateway.snapshot().config.limits;
+            (gateway.connections.max(limits), limits.header_timeout_ms)
+        };
         let Some(_open) = gateway.connections.enter(max) else {
             gateway.metrics.connections_refused.inc();
             header::refuse(stream).await;
@@ -128,7 +131,7 @@ impl ServerApp for ProxyService {
         } else {
             stream
         };
-        let deadline = Duration::from_millis(limits.header_timeout_ms);
+        let deadline = Duration::from_millis(header_timeout_ms);
         let pressed = || gateway.connections.pressed(max);
         if !header::first_bytes(&mut stream, deadline, pressed).await {
             return None;
