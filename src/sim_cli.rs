@@ -264,6 +264,8 @@ pub fn run(args: SimArgs) -> Result<(), String> {
     // policy file may be named like a peer).
     let mut ran: Vec<Router> = Vec::new();
     let mut searched = Vec::new();
+    let mut floor: Option<(String, Summary)> = None;
+    let mut below_floor = Vec::new();
     for (name, policy) in &policies {
         let labels = BTreeMap::from([
             ("policy".to_string(), name.clone()),
@@ -305,6 +307,7 @@ pub fn run(args: SimArgs) -> Result<(), String> {
                     bar.clear();
                     let summary = summarize(&found.outcome, labels.clone());
                     write(&dir.join(figure.name()), &summary, &found.outcome)?;
+                    below_floor.extend(floor_broken(name, &found.outcome));
                     searched.push((found, summary));
                 }
                 let (summary, outcome) = oracle_summary(&searched, labels)?;
@@ -312,6 +315,16 @@ pub fn run(args: SimArgs) -> Result<(), String> {
             }
         };
         write(&dir, &summary, &outcome)?;
+        below_floor.extend(floor_broken(name, &outcome));
+        if floor.is_none() {
+            let records = kvgate_sim::floor_records(&outcome.records, &outcome.floors_us);
+            let mut labels = summary.labels.clone();
+            labels.insert("policy".into(), "floor".into());
+            labels.insert("floor_of".into(), name.clone());
+            let summary = kvgate_bench::summarize(&records, Default::default(), ideal, labels);
+            kvgate_bench::write_results(&args.out.join("floor"), &summary, &records)?;
+            floor = Some((name.clone(), summary));
+        }
         println!(
             "| {name} | {} | {:.1} | {:.1} | {:.2} | {:.3} | {:.2} | {:.2} | {wall:.2} | {:.0} |",
             summary.requests,
@@ -342,6 +355,18 @@ pub fn run(args: SimArgs) -> Result<(), String> {
             s.figure.name()
         );
     }
+    if let Some((of, s)) = &floor {
+        println!(
+            "floor (each request alone on an idle replica holding every block sent before it): P50 {:.1} ms, P90 {:.1} ms over {}'s requests (floor/)",
+            s.ttft_s.p50 * 1e3,
+            s.ttft_s.p90 * 1e3,
+            of
+        );
+        match below_floor.is_empty() {
+            true => println!("floor holds: no request's TTFT is below its floor in any run"),
+            false => println!("FLOOR BROKEN: {}", below_floor.join("; ")),
+        }
+    }
     match kvgate_sim::oracle_bound(&results) {
         Some(Ok(())) => {
             println!("oracle bound holds: no policy's mean, P50 or P90 TTFT is below the oracle's")
@@ -351,6 +376,13 @@ pub fn run(args: SimArgs) -> Result<(), String> {
     }
     println!("results in {}", args.out.display());
     Ok(())
+}
+
+/// How `name`'s run broke the floor, if it did: how many requests, and the first.
+fn floor_broken(name: &str, outcome: &Outcome) -> Option<String> {
+    let below = kvgate_sim::below_floor(&outcome.records, &outcome.floors_us);
+    let first = below.first()?;
+    Some(format!("{name}: {} requests, {first}", below.len()))
 }
 
 /// A run's results, as `kvgate bench` writes them, with its replicas' timeline.

@@ -114,6 +114,9 @@ fn each_policy_gets_the_summary_kvgate_bench_writes() {
             oracle[figure],
             ttft(out.join("oracle").join(figure))[figure]
         );
+        // The floor, over the first policy's requests, lies under every policy and the oracle.
+        let floor = ttft(out.join("floor"))[figure].as_f64().unwrap();
+        assert!(floor > 0.0 && floor <= oracle[figure].as_f64().unwrap());
         for policy in ["kvgate", "round-robin", "cache-first", "llm-d", "dynamo"] {
             let theirs = ttft(out.join(policy))[figure].as_f64().unwrap();
             assert!(
@@ -122,6 +125,8 @@ fn each_policy_gets_the_summary_kvgate_bench_writes() {
             );
         }
     }
+    assert!(stdout.contains("floor holds"), "{stdout}");
+    assert!(out.join("floor").join("requests.csv").exists());
     std::fs::remove_dir_all(&out).unwrap();
 }
 

@@ -3,6 +3,7 @@
 use kvgate_protocol::HashSeed;
 use kvgate_worker::backend::profile::Profile;
 use kvgate_worker::backend::sim::SimBackend;
+use kvgate_worker::sched::SchedulerConfig;
 use kvgate_worker::spec::SpecConfig;
 use kvgate_worker::{Engine, EngineConfig};
 
@@ -99,6 +100,11 @@ impl SimConfig {
         HashSeed::new(&self.model, None, "")
     }
 
+    /// Every replica's scheduler settings (the worker's defaults).
+    pub(crate) fn scheduler(&self) -> SchedulerConfig {
+        SchedulerConfig::default()
+    }
+
     /// Replica `i`'s engine (a decode replica has a host tier for the blocks it pulls).
     pub(crate) fn engine(&self, i: usize) -> Result<Engine<SimBackend>, String> {
         let engine_config = EngineConfig {
@@ -106,7 +112,7 @@ impl SimConfig {
             num_blocks: self.num_blocks,
             max_model_len: self.max_model_len,
             prefix_caching: true,
-            scheduler: Default::default(),
+            scheduler: self.scheduler(),
             hash_seed: self.hash_seed(),
             eos_token_ids: Vec::new(),
         };

@@ -7,6 +7,7 @@
 mod config;
 mod exchange;
 mod fleet;
+mod floor;
 mod gateway;
 mod lookahead;
 mod oracle;
@@ -19,6 +20,7 @@ mod verdict;
 
 pub use config::SimConfig;
 pub use fleet::{simulate, simulate_with_progress, Outcome, Progress};
+pub use floor::{below_floor, floor_records};
 pub use oracle::{search as search_oracle, Figure, Searched, Starts, FIGURES};
 pub use routers::{Policy, Router, Routes, Turn, NAMES};
 pub use timeline::{ReplicaSample, Timeline};

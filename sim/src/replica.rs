@@ -8,6 +8,13 @@ use kvgate_protocol::telemetry::{EngineLoad, KvUpdate, TelemetryReport, TELEMETR
 use kvgate_worker::backend::sim::SimBackend;
 use kvgate_worker::transfer::TransferBlock;
 use kvgate_worker::{Engine, NewRequest, StepOutput};
+use std::time::Duration;
+
+/// A step's length on the fleet's clock: its modelled duration times `time_scale`, in whole
+/// microseconds (at least one, so that time moves).
+pub(crate) fn step_us(modelled: Option<Duration>, time_scale: f64) -> u64 {
+    modelled.map_or(1, |d| (d.mul_f64(time_scale).as_micros() as u64).max(1))
+}
 
 pub(crate) struct Replica {
     pub name: String,
@@ -60,9 +67,7 @@ impl Replica {
     /// modelled duration times `time_scale`).
     pub fn start_step(&mut self, now_us: u64, time_scale: f64) -> Result<u64, String> {
         let out = self.engine.step().map_err(|e| e.to_string())?;
-        let took = out
-            .modelled_duration
-            .map_or(1, |d| (d.mul_f64(time_scale).as_micros() as u64).max(1));
+        let took = step_us(out.modelled_duration, time_scale);
         self.step = Some(out);
         self.busy_until_us = now_us + took;
         Ok(self.busy_until_us)

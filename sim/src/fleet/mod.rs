@@ -3,9 +3,11 @@
 
 mod handover;
 mod reports;
+mod sent;
 
 use crate::config::SimConfig;
 use crate::exchange::Exchange;
+use crate::floor::Floor;
 use crate::gateway::{Gateway, Incoming, Served};
 use crate::replica::Replica;
 use crate::routers::{Router, Routes, Turn};
@@ -17,6 +19,7 @@ use kvgate_policies::{ReplicaId, ReplicaSpec, ReportAges};
 use kvgate_protocol::telemetry::{KvUpdate, TelemetryReport};
 use kvgate_worker::transfer::TransferBlock;
 use kvgate_worker::{NewRequest, SamplingParams};
+use sent::Sent;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 
@@ -40,6 +43,8 @@ pub struct Outcome {
     pub timeline: Timeline,
     /// Where each request went.
     pub routes: Routes,
+    /// Each request's floor (see [`crate::floor`]) in microseconds, by id.
+    pub floors_us: HashMap<u64, u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -82,47 +87,6 @@ struct JobProgress {
     turn: usize,
 }
 
-struct Sent {
-    job: usize,
-    gateway: usize,
-    replica: usize,
-    sent_us: u64,
-    first_us: Option<u64>,
-    prompt: Vec<u32>,
-    max_tokens: u32,
-    output: Vec<u32>,
-    /// A prefill leg: the decode leg its prompt's blocks go to once it is done.
-    hand_to: Option<u64>,
-    last_token_us: Option<u64>,
-    /// Gaps between its tokens, in seconds.
-    itl_s: Vec<f64>,
-}
-
-impl Sent {
-    fn new(
-        job: usize,
-        gateway: usize,
-        replica: usize,
-        sent_us: u64,
-        prompt: Vec<u32>,
-        max_tokens: u32,
-    ) -> Sent {
-        Sent {
-            job,
-            gateway,
-            replica,
-            sent_us,
-            first_us: None,
-            prompt,
-            max_tokens,
-            output: Vec::new(),
-            hand_to: None,
-            last_token_us: None,
-            itl_s: Vec::new(),
-        }
-    }
-}
-
 struct Sim<'a> {
     config: &'a SimConfig,
     jobs: &'a [Job],
@@ -147,6 +111,7 @@ struct Sim<'a> {
     records: Vec<RequestRecord>,
     timeline: Timeline,
     routes: Routes,
+    floor: Floor,
 }
 
 /// How many events pass between two calls of the progress callback.
@@ -181,6 +146,7 @@ pub fn simulate_with_progress(
         events: sim.pushed,
         timeline: sim.timeline,
         routes: sim.routes,
+        floors_us: sim.floor.floors_us,
     })
 }
 
@@ -261,6 +227,7 @@ impl<'a> Sim<'a> {
             jobs_done: 0,
             records: Vec::new(),
             routes: Routes::default(),
+            floor: Floor::new(config),
         })
     }
 
@@ -413,7 +380,9 @@ impl<'a> Sim<'a> {
             true => self.prefill_leg(id, gateway, turn),
             false => id,
         };
-        match self.gateway_delay_us(first) {
+        let trip_us = self.gateway_delay_us(first);
+        self.floor.sent(id, &self.sent[&id].prompt, trip_us);
+        match trip_us {
             0 => self.arrive(first),
             delay => {
                 self.push(self.now_us + delay, Event::Arrive { id: first });
@@ -562,6 +531,7 @@ impl<'a> Sim<'a> {
             route: None,
             error: None,
         });
+        self.floor.answered(&sent.prompt, &sent.output);
         let progress = &mut self.progress[sent.job];
         progress.history = sent.prompt;
         if self.config.answers_round_trip {

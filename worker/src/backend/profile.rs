@@ -135,6 +135,32 @@ impl Profile {
         (bytes / bandwidth).max(flops / compute) + self.step_overhead_us * 1e-6
     }
 
+    /// Seconds under which no schedule computes tokens `start..start + len` of one request at
+    /// most `budget` a step, whatever shares its steps. It takes at least `len / budget` steps
+    /// (rounded up), each paying its overhead and reading the weights and the KV up to its
+    /// last token, which in the j-th step from the end is at least `start + len - j * budget`;
+    /// the FLOPs add up the same however the tokens are split; and a step takes the slower of
+    /// its bytes and its FLOPs, so the steps together take at least the slower of their sums.
+    /// In one step, that step's time alone.
+    pub fn prefill_floor_seconds(&self, start: usize, len: usize, budget: usize) -> f64 {
+        let steps = len.div_ceil(budget.max(1));
+        if steps <= 1 {
+            return self.step_seconds(std::iter::once((start, len)));
+        }
+        let m = &self.model;
+        let (start, len, budget, steps) = (start as f64, len as f64, budget as f64, steps as f64);
+        let kv_read = steps * (start + len) - budget * steps * (steps - 1.0) / 2.0;
+        let bytes = steps * m.weight_bytes + kv_read * m.kv_bytes_per_token;
+        let flops = 2.0 * m.parameters * len
+            + 4.0
+                * f64::from(m.layers)
+                * f64::from(m.hidden_size)
+                * len
+                * (start + (len + 1.0) / 2.0);
+        let (bandwidth, compute) = self.rates();
+        (bytes / bandwidth).max(flops / compute) + steps * self.step_overhead_us * 1e-6
+    }
+
     /// Seconds to copy `bytes` over the device-host link (`None` without one).
     pub fn host_copy_seconds(&self, bytes: usize) -> Option<f64> {
         let link = self.hardware.host_link_gb_s?;

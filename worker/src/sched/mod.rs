@@ -42,6 +42,17 @@ impl Default for SchedulerConfig {
     }
 }
 
+impl SchedulerConfig {
+    /// Tokens a request with `pending` tokens to compute gets from `budget`.
+    pub fn chunk(&self, pending: usize, budget: usize) -> usize {
+        match self.long_prefill_token_threshold {
+            // A decode (one pending token) is never capped by the threshold.
+            t if t > 0 && pending > 1 => pending.min(budget).min(t),
+            _ => pending.min(budget),
+        }
+    }
+}
+
 /// Part of one request computed in a step: tokens `start..start + len` of its sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Slice {
@@ -144,15 +155,6 @@ impl Scheduler {
         }
     }
 
-    /// Tokens a request with `pending` tokens to compute gets from `budget`.
-    fn chunk(&self, pending: usize, budget: usize) -> usize {
-        match self.config.long_prefill_token_threshold {
-            // A decode (one pending token) is never capped by the threshold.
-            t if t > 0 && pending > 1 => pending.min(budget).min(t),
-            _ => pending.min(budget),
-        }
-    }
-
     /// Plans one step.
     pub fn schedule(&mut self, requests: &mut RequestMap<Request>, kv: &KvManager) -> StepPlan {
         let mut plan = StepPlan::default();
@@ -163,7 +165,7 @@ impl Scheduler {
         'running: while i < self.running.len() && budget > 0 {
             let id = self.running[i];
             let pending = requests.get(&id).map_or(0, Request::num_pending_tokens);
-            let len = self.chunk(pending, budget);
+            let len = self.config.chunk(pending, budget);
             if len == 0 {
                 i += 1;
                 continue;
@@ -214,7 +216,7 @@ impl Scheduler {
             if req.num_computed_tokens == 0 {
                 req.num_computed_tokens = kv.cached_prefix(req);
             }
-            let len = self.chunk(req.num_pending_tokens(), budget);
+            let len = self.config.chunk(req.num_pending_tokens(), budget);
             if !kv.allocate(req, len) {
                 // No room: give back the cached-prefix blocks and wait for the next step.
                 req.num_computed_tokens = 0;
