@@ -1,7 +1,7 @@
 //! The gateway at HTTP's edges, spoken byte by byte over TCP: pipelined requests, HTTP/1.0
 //! clients, too many headers, slow headers and bodies (slowloris), more connections than the
-//! bound, and a client that leaves
-//! before its answer's first byte.
+//! bound, a client that leaves
+//! before its answer's first byte, and one that reads none of it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -297,4 +297,53 @@ async fn kept_alive_connections_are_shed_when_pressure_comes_later() {
         "shed without a word: {shed:?}"
     );
     drop(busy);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_takes_none_of_its_answer_is_closed_after_the_send_timeout() {
+    let w = Worker::start(&[]).await;
+    let gw = Gateway::start(&[&w], "limits:\n  send_timeout_ms: 500\n").await;
+    // The worker echoes the prompt's words: 200,000 chunks, far more than the sockets buffer.
+    let body = serde_json::json!({
+        "model": MODEL,
+        "messages": [{ "role": "user", "content": "w ".repeat(200_000) }],
+        "max_tokens": 200_000,
+        "stream": true,
+    })
+    .to_string();
+    let mut s = connect(&gw);
+    s.write_all(
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    // Nothing is read: once the gateway's writes stall for 500 ms it closes the connection,
+    // which cancels the upstream request.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let stats = w.stats().await;
+        if stats["cancelled"] == 1 {
+            assert_eq!(stats["completed"], 0, "{stats}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the answer was held: {stats}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let metrics = gw.metrics().await;
+    assert_eq!(
+        metric(&metrics, "kvgate_client_send_timeouts_total"),
+        1.0,
+        "{metrics}"
+    );
+    // What the client is left with: the start of its answer, then the close.
+    let got = read_to_close(&mut s);
+    assert!(
+        got.starts_with("HTTP/1.1 200"),
+        "{}",
+        &got[..got.len().min(200)]
+    );
+    assert!(!got.contains("[DONE]"));
 }

@@ -35,6 +35,8 @@ pub struct Metrics {
     /// decode_only (a prompt below the pool's minimum), fallback (no prefill replica took it).
     pub pd_requests: IntCounterVec,
     pub client_disconnects: IntCounter,
+    /// Of those, clients that took none of their answer for `limits.send_timeout_ms`.
+    pub client_send_timeouts: IntCounter,
     /// Client connections open now, and those closed as they came (`limits.max_connections`).
     pub client_connections: IntGauge,
     pub connections_refused: IntCounter,
@@ -98,6 +100,11 @@ impl Metrics {
             "Clients that went away before their response ended (the upstream request is cancelled)",
         )?;
         registry.register(Box::new(client_disconnects.clone()))?;
+        let client_send_timeouts = IntCounter::new(
+            "kvgate_client_send_timeouts_total",
+            "Clients disconnected for taking none of their answer for limits.send_timeout_ms",
+        )?;
+        registry.register(Box::new(client_send_timeouts.clone()))?;
         let client_connections =
             IntGauge::new("kvgate_client_connections", "Client connections open")?;
         registry.register(Box::new(client_connections.clone()))?;
@@ -173,6 +180,7 @@ impl Metrics {
                 &["flow", "path"],
             )?,
             client_disconnects,
+            client_send_timeouts,
             client_connections,
             connections_refused,
             reloads: counter(

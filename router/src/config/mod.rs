@@ -287,6 +287,10 @@ pub struct Limits {
     pub header_timeout_ms: u64,
     /// ... and its body within this; else 408 and the connection closes.
     pub body_timeout_ms: u64,
+    /// A write to the client must go through within this (a client that takes none of its
+    /// answer for this long, as nginx's `send_timeout`); else the connection closes and the
+    /// upstream request is cancelled.
+    pub send_timeout_ms: u64,
     /// Client connections open at once; more are closed as they come. Unset: three quarters
     /// of the process's open-file limit (raised to its hard limit at start).
     pub max_connections: Option<std::num::NonZeroU64>,
@@ -298,6 +302,7 @@ impl Default for Limits {
             max_body_bytes: 32 * 1024 * 1024,
             header_timeout_ms: 30_000,
             body_timeout_ms: 60_000,
+            send_timeout_ms: 60_000,
             max_connections: None,
         }
     }

@@ -241,6 +241,7 @@ pub(super) fn validate(c: &GatewayConfig) -> Vec<ConfigError> {
     for (name, v) in [
         ("header_timeout_ms", c.limits.header_timeout_ms),
         ("body_timeout_ms", c.limits.body_timeout_ms),
+        ("send_timeout_ms", c.limits.send_timeout_ms),
     ] {
         if v == 0 {
             err(format!("limits.{name}"), "must be greater than 0".into());

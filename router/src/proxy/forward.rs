@@ -474,8 +474,11 @@ impl Forward<'_> {
                     {
                         self.answered();
                     }
-                    if client.write_response_body(chunk, false).await.is_err() {
+                    if let Err(e) = client.write_response_body(chunk, false).await {
                         self.gateway.metrics.client_disconnects.inc();
+                        if e.etype() == &ErrorType::WriteTimedout {
+                            self.gateway.metrics.client_send_timeouts.inc();
+                        }
                         return Outcome::Close;
                     }
                 }

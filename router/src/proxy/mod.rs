@@ -63,6 +63,8 @@ impl HttpServerApp for ProxyApp {
         if !header::read_header(&mut session, &limits, pressed).await {
             return None;
         }
+        // Each write to the client, the answer's chunks and error bodies alike.
+        session.set_write_timeout(Some(Duration::from_millis(limits.send_timeout_ms)));
         // Pingora has read what the client asked for (HTTP/1.0 and `Connection: close` end
         // the connection after the response); a stopping gateway keeps none.
         let keep = !*shutdown.borrow() && session.get_keepalive().is_some();
