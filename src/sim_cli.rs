@@ -124,6 +124,8 @@ const BYTES_PER_INDEX_ENTRY: usize = 40;
 const MAX_BLOCK_SIZE: usize = 1_024;
 /// Report, exchange and sample intervals at most, in ms (an hour).
 const MAX_INTERVAL_MS: u64 = 3_600_000;
+/// Where the run's floor is written, beside the policies' results.
+const FLOOR_DIR: &str = "floor";
 /// The oracle's replays per figure at most: each is a whole run.
 const MAX_ORACLE_REPLAYS: usize = 10_000;
 /// KV blocks fleet-wide at most with the look-ahead: each of its decisions copies every
@@ -322,7 +324,7 @@ pub fn run(args: SimArgs) -> Result<(), String> {
             labels.insert("policy".into(), "floor".into());
             labels.insert("floor_of".into(), name.clone());
             let summary = kvgate_bench::summarize(&records, Default::default(), ideal, labels);
-            kvgate_bench::write_results(&args.out.join("floor"), &summary, &records)?;
+            kvgate_bench::write_results(&args.out.join(FLOOR_DIR), &summary, &records)?;
             floor = Some((name.clone(), summary));
         }
         println!(
@@ -452,6 +454,11 @@ fn policies(policies: &[String]) -> Result<Vec<(String, Policy)>, String> {
     let mut named: Vec<(String, Policy)> = Vec::new();
     for policy in policies {
         let (name, p) = parse_policy(policy)?;
+        if name == FLOOR_DIR {
+            return Err(format!(
+                "--policy {policy}: `{FLOOR_DIR}` names the run's floor (DIR/{FLOOR_DIR}/); rename the file"
+            ));
+        }
         if named.iter().any(|(n, _)| *n == name) {
             return Err(format!(
                 "--policy {policy}: a second policy named `{name}` (each writes DIR/{name}/)"

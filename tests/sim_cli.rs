@@ -186,6 +186,19 @@ fn a_policy_file_runs_under_its_name_and_its_errors_name_the_yaml_path() {
             && text.contains("prefx"),
         "{text}"
     );
+    // A file named like the run's floor would write over it.
+    let floor = dir.join("floor.yaml");
+    std::fs::write(&floor, "preset: balanced\n").unwrap();
+    let o = kvgate()
+        .arg("sim")
+        .args(args(floor.to_str().unwrap()))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && text.contains("names the run's floor"),
+        "{text}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
