@@ -1,7 +1,7 @@
 //! The gateway at HTTP's edges, spoken byte by byte over TCP: pipelined requests, HTTP/1.0
 //! clients, too many headers, slow headers and bodies (slowloris), more connections than the
 //! bound, a client that leaves
-//! before its answer's first byte, and one that reads none of it.
+//! before its answer's first byte, and ones that stop reading it (HTTP/1.1 and h2c).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -346,4 +346,54 @@ async fn a_client_that_takes_none_of_its_answer_is_closed_after_the_send_timeout
         &got[..got.len().min(200)]
     );
     assert!(!got.contains("[DONE]"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_client_that_stops_reading_is_closed_after_the_send_timeout() {
+    // A sim worker a hundred times faster than the profile: 120,000 tokens in under 20 s.
+    let w = SimWorker::start(&["--max-model-len", "131072", "--time-scale", "0.01"]).await;
+    let gw = Gateway::start(&[&w], "limits:\n  send_timeout_ms: 500\n").await;
+    let body = serde_json::json!({
+        "model": MODEL,
+        "messages": [{ "role": "user", "content": "hi" }],
+        "max_tokens": 120_000,
+        "stream": true,
+    })
+    .to_string();
+    // curl reads 1 KB a second: its HTTP/2 windows fill and the gateway's writes wait.
+    let mut curl = tokio::process::Command::new("curl")
+        .args(["-s", "--http2-prior-knowledge", "--limit-rate", "1k"])
+        .args([
+            "--max-time",
+            "60",
+            "-o",
+            "/dev/null",
+            "-H",
+            "content-type: application/json",
+        ])
+        .args(["-d", &body, &format!("{}/v1/chat/completions", gw.url())])
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let gateway = gw.metrics().await;
+        if metric(&gateway, "kvgate_client_send_timeouts_total") == 1.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no send timeout: {gateway}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The generation stopped with the stream, short of its 120,000 tokens.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let worker = w.metrics().await;
+        if metric(&worker, "kvgate_worker_requests_running") == 0.0 {
+            assert!(metric(&worker, "kvgate_worker_generation_tokens_total") < 120_000.0);
+            break;
+        }
+        assert!(Instant::now() < deadline, "still generating: {worker}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    curl.kill().await.unwrap();
 }
