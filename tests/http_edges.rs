@@ -47,6 +47,35 @@ fn completion_request(version: &str, extra_headers: &str, stream: bool) -> Strin
     )
 }
 
+/// What `probe` gives once it gives it, asked every 50 ms; past `within`, a failure naming
+/// `what` and the last state it saw.
+async fn eventually<T>(
+    within: Duration,
+    what: &str,
+    mut probe: impl AsyncFnMut() -> Result<T, String>,
+) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        match probe().await {
+            Ok(v) => return v,
+            Err(state) => assert!(Instant::now() < deadline, "{what}: {state}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A client with a prompt request is served.
+async fn assert_served(gw: &Gateway) {
+    let a = send(
+        &client(),
+        &gw.url(),
+        "/v1/completions",
+        &completion("hello", false),
+    )
+    .await;
+    assert_eq!(a.status, 200);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_requests_are_all_answered_in_order() {
     let w = Worker::start(&[]).await;
@@ -176,14 +205,7 @@ async fn slow_headers_and_bodies_get_408_and_a_closed_connection() {
     assert!(out.is_empty() || out.starts_with("HTTP/1.1 408"), "{out}");
 
     // A prompt client is untouched.
-    let a = send(
-        &client(),
-        &gw.url(),
-        "/v1/completions",
-        &completion("hello", false),
-    )
-    .await;
-    assert_eq!(a.status, 200);
+    assert_served(&gw).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -201,19 +223,18 @@ async fn a_client_leaving_before_the_first_byte_cancels_the_upstream_request() {
         "the worker has the request"
     );
     drop(s);
-    let deadline = Instant::now() + Duration::from_secs(4);
-    loop {
-        let stats = w.stats().await;
-        if stats["in_flight"] == 0 {
-            assert_eq!(stats["completed"], 0, "it ran to the end: {stats}");
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the upstream request was held: {stats}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let stats = eventually(
+        Duration::from_secs(4),
+        "the upstream request was held",
+        async || {
+            let stats = w.stats().await;
+            (stats["in_flight"] == 0)
+                .then_some(stats.clone())
+                .ok_or(stats.to_string())
+        },
+    )
+    .await;
+    assert_eq!(stats["completed"], 0, "it ran to the end: {stats}");
     let metrics = gw.metrics().await;
     assert!(
         metric(&metrics, "kvgate_client_disconnects_total") >= 1.0,
@@ -246,14 +267,7 @@ async fn connections_past_the_bound_get_503_and_idle_ones_are_shed_under_pressur
         assert!(out.is_empty() || out.starts_with("HTTP/1.1 408"), "{out}");
     }
     // Slots free again: a client is served.
-    let a = send(
-        &client(),
-        &gw.url(),
-        "/v1/completions",
-        &completion("hello", false),
-    )
-    .await;
-    assert_eq!(a.status, 200);
+    assert_served(&gw).await;
     let metrics = gw.metrics().await;
     assert!(
         metric(&metrics, "kvgate_connections_refused_total") >= 1.0,
@@ -322,16 +336,14 @@ async fn a_client_that_takes_none_of_its_answer_is_closed_after_the_send_timeout
     .unwrap();
     // Nothing is read: once the gateway's writes stall for 500 ms it closes the connection,
     // which cancels the upstream request.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    let stats = eventually(Duration::from_secs(20), "the answer was held", async || {
         let stats = w.stats().await;
-        if stats["cancelled"] == 1 {
-            assert_eq!(stats["completed"], 0, "{stats}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "the answer was held: {stats}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        (stats["cancelled"] == 1)
+            .then_some(stats.clone())
+            .ok_or(stats.to_string())
+    })
+    .await;
+    assert_eq!(stats["completed"], 0, "{stats}");
     let metrics = gw.metrics().await;
     assert_eq!(
         metric(&metrics, "kvgate_client_send_timeouts_total"),
@@ -375,25 +387,21 @@ async fn an_h2_client_that_stops_reading_is_closed_after_the_send_timeout() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    eventually(Duration::from_secs(30), "no send timeout", async || {
         let gateway = gw.metrics().await;
-        if metric(&gateway, "kvgate_client_send_timeouts_total") == 1.0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no send timeout: {gateway}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        (metric(&gateway, "kvgate_client_send_timeouts_total") == 1.0)
+            .then_some(())
+            .ok_or(gateway)
+    })
+    .await;
     // The generation stopped with the stream, short of its 120,000 tokens.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
+    let worker = eventually(Duration::from_secs(5), "still generating", async || {
         let worker = w.metrics().await;
-        if metric(&worker, "kvgate_worker_requests_running") == 0.0 {
-            assert!(metric(&worker, "kvgate_worker_generation_tokens_total") < 120_000.0);
-            break;
-        }
-        assert!(Instant::now() < deadline, "still generating: {worker}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        (metric(&worker, "kvgate_worker_requests_running") == 0.0)
+            .then_some(worker.clone())
+            .ok_or(worker)
+    })
+    .await;
+    assert!(metric(&worker, "kvgate_worker_generation_tokens_total") < 120_000.0);
     curl.kill().await.unwrap();
 }
