@@ -42,36 +42,32 @@ impl Floor {
 
     /// Request `id` is sent with `prompt`, reaching its replica `trip_us` later.
     pub fn sent(&mut self, id: u64, prompt: &[u32], trip_us: u64) {
-        let floor = trip_us + self.prefill_us(prompt);
+        let hashes = block_hashes(self.seed, prompt, self.block_size);
+        let floor = trip_us + self.prefill_us(prompt.len(), &hashes);
         self.floors_us.insert(id, floor);
-        self.carry(prompt);
+        self.carried.extend(hashes);
     }
 
     /// A request's prompt and answer, now that it came back (but the answer's last token,
     /// which no step computed).
     pub fn answered(&mut self, prompt: &[u32], output: &[u32]) {
         let computed = &output[..output.len().saturating_sub(1)];
-        self.carry(&[prompt, computed].concat());
-    }
-
-    fn carry(&mut self, tokens: &[u32]) {
+        let tokens = [prompt, computed].concat();
         self.carried
-            .extend(block_hashes(self.seed, tokens, self.block_size));
+            .extend(block_hashes(self.seed, &tokens, self.block_size));
     }
 
-    /// The prefill of `prompt` on the ideal replica, no faster than any schedule could make it
-    /// (the engine reuses whole leading blocks, never the last token's).
-    fn prefill_us(&self, prompt: &[u32]) -> u64 {
-        let reusable = prompt.len().saturating_sub(1) / self.block_size.max(1);
-        let held = block_hashes(self.seed, prompt, self.block_size)
+    /// The prefill of a prompt of `prompt_len` tokens (its full blocks' `hashes`) on the ideal
+    /// replica, no faster than any schedule could make it (the engine reuses whole leading
+    /// blocks, never the last token's).
+    fn prefill_us(&self, prompt_len: usize, hashes: &[u64]) -> u64 {
+        let reusable = prompt_len.saturating_sub(1) / self.block_size.max(1);
+        let held = hashes
             .iter()
             .take(reusable)
             .take_while(|h| self.carried.contains(h))
             .count();
-        let (start, len) = (
-            held * self.block_size,
-            prompt.len() - held * self.block_size,
-        );
+        let (start, len) = (held * self.block_size, prompt_len - held * self.block_size);
         if len == 0 {
             return 0;
         }
