@@ -7,6 +7,7 @@ mod sim_cli;
 mod spec_cli;
 mod step_bench;
 mod up;
+mod worker_cli;
 
 use clap::{Parser, Subcommand};
 use std::io::IsTerminal;
@@ -202,6 +203,8 @@ enum Command {
         spec: spec_cli::SpecArgs,
         #[command(flatten)]
         disagg: disagg_cli::DisaggArgs,
+        #[command(flatten)]
+        deadlines: worker_cli::DeadlineArgs,
     },
     /// Validate a gateway config file and report every error with its YAML path.
     CheckConfig { file: PathBuf },
@@ -256,11 +259,6 @@ enum Backend {
     Cpu,
     Sim,
     Cuda,
-}
-
-fn mib_to_bytes(flag: &str, mib: usize) -> Result<usize, String> {
-    mib.checked_mul(1 << 20)
-        .ok_or_else(|| format!("{flag} {mib} is more than this machine can name"))
 }
 
 /// Log lines waiting for stderr; past this they are dropped.
@@ -464,6 +462,7 @@ fn run(command: Command) -> Result<(), String> {
             max_loras,
             spec,
             disagg,
+            deadlines,
         } => {
             let speculation = spec.config()?;
             let (disagg, kv_offload_mib) = disagg.config(host, kv_offload_mib)?;
@@ -521,15 +520,16 @@ fn run(command: Command) -> Result<(), String> {
                 prefix_caching: !no_prefix_caching,
                 adapters,
                 speculation,
-                offload_bytes: mib_to_bytes("--kv-offload-mib", kv_offload_mib)?,
+                offload_bytes: worker_cli::mib_to_bytes("--kv-offload-mib", kv_offload_mib)?,
                 disk_tier: match kv_offload_dir {
                     Some(dir) => Some((
                         dir,
-                        mib_to_bytes("--kv-offload-disk-mib", kv_offload_disk_mib)?,
+                        worker_cli::mib_to_bytes("--kv-offload-disk-mib", kv_offload_disk_mib)?,
                     )),
                     None => None,
                 },
                 disagg,
+                deadlines: deadlines.deadlines()?,
             })
         }
         Command::CheckConfig { file } => match kvgate_router::check_config(&file) {

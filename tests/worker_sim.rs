@@ -591,3 +591,67 @@ async fn a_worker_out_of_descriptors_pauses_instead_of_spinning() {
     drop(flood);
     wait_ok(&format!("http://127.0.0.1:{port}/health")).await;
 }
+
+/// Everything the worker sends on `s` until it closes it (or 10 s pass).
+fn read_to_close(s: &mut std::net::TcpStream) -> String {
+    use std::io::Read;
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_headers_slow_bodies_and_idle_connections_are_closed_at_their_deadlines() {
+    use std::io::Write;
+    let w = SimWorker::start(&[
+        "--time-scale",
+        "0.01",
+        "--header-timeout-ms",
+        "500",
+        "--body-timeout-ms",
+        "500",
+    ])
+    .await;
+    let port = w.port;
+    let connect = move || std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let health = b"GET /health HTTP/1.1\r\nHost: w\r\n\r\n";
+    tokio::task::spawn_blocking(move || {
+        // Half a header, then nothing: closed once its deadline passes, not before.
+        let mut s = connect();
+        let start = Instant::now();
+        s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: w\r\n").unwrap();
+        assert_eq!(read_to_close(&mut s), "");
+        let waited = start.elapsed();
+        assert!(waited >= Duration::from_millis(400), "closed after {waited:?}");
+        assert!(waited < Duration::from_secs(5), "closed after {waited:?}");
+
+        // A whole header, then a tenth of its body: 408, and the connection closed.
+        let mut s = connect();
+        s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: w\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\":")
+            .unwrap();
+        let answer = read_to_close(&mut s);
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        assert!(answer.contains("request body not received within 500 ms"), "{answer}");
+
+        // Kept alive: a request after a pause shorter than the deadline is served; after a
+        // longer one the worker has closed the connection.
+        let mut s = connect();
+        s.write_all(health).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        s.write_all(health).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while got.windows(15).filter(|w| w == b"HTTP/1.1 200 OK").count() < 2 {
+            let n = std::io::Read::read(&mut s, &mut buf).unwrap();
+            assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+        std::thread::sleep(Duration::from_millis(1_500));
+        let _ = s.write_all(health);
+        assert!(!read_to_close(&mut s).contains("200 OK"));
+    })
+    .await
+    .unwrap();
+}

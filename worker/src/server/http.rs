@@ -18,6 +18,7 @@ use kvgate_protocol::worker_stats::WorkerStats;
 use kvgate_protocol::{ApiError, ErrorKind};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, PoisonError};
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 /// Largest request body read.
@@ -36,6 +37,8 @@ pub struct Context {
     pub prepare_slots: tokio::sync::Semaphore,
     /// Prefill/decode roles (`None`: a colocated worker).
     pub disagg: Option<super::disagg::Disagg>,
+    /// How long a request's body may take to arrive after its header.
+    pub body_timeout: Duration,
 }
 
 type Reply = Response<ChannelBody>;
@@ -101,17 +104,22 @@ pub async fn handle(
     Ok(reply)
 }
 
-async fn read_body(req: Request<Incoming>) -> Result<Bytes, ApiError> {
-    http_body_util::Limited::new(req.into_body(), MAX_BODY_BYTES)
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .map_err(|e| {
-            ApiError::new(
-                ErrorKind::PayloadTooLarge,
-                format!("request body over {MAX_BODY_BYTES} bytes or unreadable: {e}"),
-            )
-        })
+/// The request's whole body, if it arrives `within` this long (hyper then closes the
+/// connection, its body unread).
+async fn read_body(req: Request<Incoming>, within: Duration) -> Result<Bytes, ApiError> {
+    let read = http_body_util::Limited::new(req.into_body(), MAX_BODY_BYTES).collect();
+    let Ok(read) = tokio::time::timeout(within, read).await else {
+        return Err(ApiError::new(
+            ErrorKind::RequestTimeout,
+            format!("request body not received within {} ms", within.as_millis()),
+        ));
+    };
+    read.map(|b| b.to_bytes()).map_err(|e| {
+        ApiError::new(
+            ErrorKind::PayloadTooLarge,
+            format!("request body over {MAX_BODY_BYTES} bytes or unreadable: {e}"),
+        )
+    })
 }
 
 /// Runs `work` on a blocking thread, at most `prepare_slots` at once, so that parsing and
@@ -135,7 +143,7 @@ async fn generate(
     endpoint: Endpoint,
     local_ip: std::net::IpAddr,
 ) -> Reply {
-    let body = match read_body(req).await {
+    let body = match read_body(req, ctx.body_timeout).await {
         Ok(b) => b,
         Err(e) => return error(&e),
     };
@@ -433,7 +441,7 @@ async fn tokenize(ctx: &Arc<Context>, req: Request<Incoming>) -> Reply {
     fn yes() -> bool {
         true
     }
-    let body = match read_body(req).await {
+    let body = match read_body(req, ctx.body_timeout).await {
         Ok(b) => b,
         Err(e) => return error(&e),
     };
@@ -492,7 +500,7 @@ async fn detokenize(ctx: &Arc<Context>, req: Request<Incoming>) -> Reply {
     struct DetokenizeRequest {
         tokens: Vec<u32>,
     }
-    let body = match read_body(req).await {
+    let body = match read_body(req, ctx.body_timeout).await {
         Ok(b) => b,
         Err(e) => return error(&e),
     };

@@ -73,6 +73,19 @@ pub struct WorkerConfig {
     pub disk_tier: Option<(std::path::PathBuf, usize)>,
     /// Prefill/decode roles (`None`: colocated).
     pub disagg: Option<disagg::DisaggConfig>,
+    pub deadlines: Deadlines,
+}
+
+/// How long a client may take over a request's parts before its connection is closed.
+#[derive(Debug, Clone, Copy)]
+pub struct Deadlines {
+    /// The whole header, counted from when the connection awaits one: on a kept-alive
+    /// connection from its previous answer (hyper's header timeout), so it is also how long
+    /// the connection may sit idle, and must stay above the gateway's `pool_idle_ms` lest the
+    /// worker close a connection the gateway's pool is about to reuse.
+    pub header: std::time::Duration,
+    /// The whole body, from the end of its header: 408.
+    pub body: std::time::Duration,
 }
 
 #[cfg(feature = "cuda")]
@@ -249,8 +262,9 @@ pub fn run(config: WorkerConfig) -> Result<(), String> {
             std::thread::available_parallelism().map_or(1, |n| n.get()),
         ),
         disagg,
+        body_timeout: config.deadlines.body,
     });
-    let result = runtime.block_on(serve(listener, ctx));
+    let result = runtime.block_on(serve(listener, ctx, config.deadlines.header));
     // Ending the runtime drops every task's hold on the engine's command queue: the engine
     // thread then returns and drops the engine.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
@@ -271,12 +285,20 @@ fn join_within(thread: std::thread::JoinHandle<()>, grace: std::time::Duration) 
     }
 }
 
-async fn serve(listener: tokio::net::TcpListener, ctx: Arc<http::Context>) -> Result<(), String> {
+async fn serve(
+    listener: tokio::net::TcpListener,
+    ctx: Arc<http::Context>,
+    header_timeout: std::time::Duration,
+) -> Result<(), String> {
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(%addr, model = %ctx.served_name, "kvgate worker listening");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| format!("cannot listen for SIGTERM: {e}"))?;
     let connections = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut http1 = hyper::server::conn::http1::Builder::new();
+    http1
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(header_timeout);
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -298,8 +320,7 @@ async fn serve(listener: tokio::net::TcpListener, ctx: Arc<http::Context>) -> Re
         let service =
             hyper::service::service_fn(move |req| http::handle(Arc::clone(&ctx), req, local_ip));
         let io = hyper_util::rt::TokioIo::new(stream);
-        let connection = connections
-            .watch(hyper::server::conn::http1::Builder::new().serve_connection(io, service));
+        let connection = connections.watch(http1.serve_connection(io, service));
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "connection ended");
