@@ -630,8 +630,10 @@ async fn slow_headers_slow_bodies_and_idle_connections_are_closed_at_their_deadl
         let mut s = connect();
         s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: w\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\":")
             .unwrap();
+        let start = Instant::now();
         let answer = read_to_close(&mut s);
         assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        assert!(start.elapsed() < Duration::from_secs(5), "left open");
         assert!(answer.contains("request body not received within 500 ms"), "{answer}");
 
         // Kept alive: a request after a pause shorter than the deadline is served; after a
