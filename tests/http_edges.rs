@@ -17,13 +17,6 @@ fn connect(gw: &Gateway) -> TcpStream {
     s
 }
 
-/// Everything the gateway sends until it closes the connection.
-fn read_to_close(s: &mut TcpStream) -> String {
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// Of `conns`, what each one the gateway has closed got first (the others are dropped).
 fn closed(conns: Vec<TcpStream>) -> Vec<String> {
     let mut out = Vec::new();

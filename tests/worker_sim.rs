@@ -592,15 +592,6 @@ async fn a_worker_out_of_descriptors_pauses_instead_of_spinning() {
     wait_ok(&format!("http://127.0.0.1:{port}/health")).await;
 }
 
-/// Everything the worker sends on `s` until it closes it (or 10 s pass).
-fn read_to_close(s: &mut std::net::TcpStream) -> String {
-    use std::io::Read;
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_headers_slow_bodies_and_idle_connections_are_closed_at_their_deadlines() {
     use std::io::Write;
@@ -614,7 +605,11 @@ async fn slow_headers_slow_bodies_and_idle_connections_are_closed_at_their_deadl
     ])
     .await;
     let port = w.port;
-    let connect = move || std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let connect = move || {
+        let s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s
+    };
     let health = b"GET /health HTTP/1.1\r\nHost: w\r\n\r\n";
     tokio::task::spawn_blocking(move || {
         // Half a header, then nothing: closed once its deadline passes, not before.
@@ -642,7 +637,6 @@ async fn slow_headers_slow_bodies_and_idle_connections_are_closed_at_their_deadl
         s.write_all(health).unwrap();
         std::thread::sleep(Duration::from_millis(200));
         s.write_all(health).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let mut got = Vec::new();
         let mut buf = [0u8; 4096];
         while got.windows(15).filter(|w| w == b"HTTP/1.1 200 OK").count() < 2 {

@@ -484,3 +484,12 @@ pub const CPU_SMALL_CONTEXT: [&str; 6] = [
     "--max-model-len",
     "512",
 ];
+
+/// Everything the server sends on `s` until it closes the connection (or `s`'s read timeout
+/// passes).
+pub fn read_to_close(s: &mut std::net::TcpStream) -> String {
+    use std::io::Read;
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
