@@ -36,43 +36,9 @@ fn long_chat(n: u32) -> serde_json::Value {
     )
 }
 
-/// One figure of each candidate in `gw`'s explanation of `body`, by name, best first.
-async fn by_replica(gw: &Gateway, body: &serde_json::Value, figure: &str) -> Vec<(String, f64)> {
-    let (status, e) = post(&gw.admin(), "/admin/explain", body).await;
-    assert_eq!(status, 200, "{e}");
-    e["candidates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| {
-            let name = c["replica"].as_str().unwrap().to_string();
-            (name, c["score"][figure].as_f64().unwrap())
-        })
-        .collect()
-}
-
 /// Each replica's prefix signal in `gw`'s explanation of `body`, by name.
 async fn prefix_by_replica(gw: &Gateway, body: &serde_json::Value) -> Vec<(String, f64)> {
     by_replica(gw, body, "prefix_blocks").await
-}
-
-/// Waits until `gw` explains `body` with a candidate whose `figure` passes `ok`.
-async fn until_explained(
-    gw: &Gateway,
-    body: &serde_json::Value,
-    figure: &str,
-    what: &str,
-    ok: impl Fn(&[(String, f64)]) -> bool,
-) -> Vec<(String, f64)> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let now = by_replica(gw, body, figure).await;
-        if ok(&now) {
-            return now;
-        }
-        assert!(Instant::now() < deadline, "never {what}: {now:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 async fn push(gw: &Gateway, token: Option<&str>, body: &str) -> (u16, String) {

@@ -335,3 +335,35 @@ async fn a_long_prefill_steers_short_prompts_to_the_other_replica() {
     let series = format!("kvgate_replica_prefill_backlog_tokens{{replica=\"{busy}\"}} 0\n");
     assert!(gw.metrics().await.contains(&series), "no `{series}`");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streaming_replica_is_timed_by_its_tokens_and_counts_idle_once_done() {
+    let paced = ["--token-delay-ms", "150"];
+    let (a, b) = (Worker::start(&paced).await, Worker::start(&paced).await);
+    let gw = Gateway::start(&[&a, &b], "").await;
+    let mut long = chat("a long answer, please", true);
+    long["max_tokens"] = 16.into();
+    let (c, url) = (client(), gw.url());
+    let stream = tokio::spawn(async move { send(&c, &url, "/v1/chat/completions", &long).await });
+
+    // Once its tokens have shown a step, the streaming replica's step under way is counted
+    // ahead of a new request; the idle one's is not.
+    let probe = chat("another question", false);
+    let waits = until_explained(&gw, &probe, "step_wait", "a step under way", |c| {
+        c.iter().any(|(_, w)| *w > 0.0)
+    })
+    .await;
+    assert_eq!(
+        waits.iter().filter(|(_, w)| *w > 0.0).count(),
+        1,
+        "{waits:?}"
+    );
+
+    let answer = stream.await.unwrap();
+    assert_eq!((answer.status, answer.done), (200, true));
+    // Nothing in flight: likely idle, so a request would start a step at once.
+    until_explained(&gw, &probe, "step_wait", "no step counted", |c| {
+        c.iter().all(|(_, w)| *w == 0.0)
+    })
+    .await;
+}

@@ -24,6 +24,10 @@ pub struct ReplicaView {
     /// Of this gateway's part of that backlog, what the replica has likely computed already:
     /// the request at its front, at the pace its first tokens have come.
     pub prefill_progress: u64,
+    /// The rest of the engine step under way there, as the tokens streaming back show, in
+    /// prompt tokens at the pace its first tokens have come: a request sent now waits for it
+    /// before its prefill starts.
+    pub step_wait: u64,
     /// Its agent's last report is older than the stale threshold: scored down.
     pub stale: bool,
     /// Fraction of its KV blocks in use, as its agent last reported (`None` without reports).
@@ -68,6 +72,8 @@ pub struct RequestFeatures {
     pub session: Option<u64>,
     /// The gateway's clock (ms since it started): session bindings expire by it.
     pub now_ms: u64,
+    /// The same clock in microseconds (0: not known; step phases are then not used).
+    pub now_us: u64,
     /// Weights for this request (its SLA class's); the policy's own when `None`.
     pub weights: Option<crate::Weights>,
     /// A number drawn at random for this request: which of the replicas tied within

@@ -8,10 +8,12 @@ use crate::peer_backlog::PeerBacklogs;
 use crate::replica_state::{AdapterStatus, ModelMatch, Slots};
 use crate::{
     AgentState, Applied, Candidate, Decision, FleetView, Freshness, Policy, PolicyConfig,
-    ReplicaId, ReplicaSpec, ReplicaState, ReplicaView, ReportAges, RequestFeatures, TierValues,
+    ReplicaId, ReplicaSpec, ReplicaState, ReplicaView, ReportAges, RequestFeatures, StepClock,
+    TierValues,
 };
 use kvgate_protocol::telemetry::{KvUpdate, TelemetryReport};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 /// When consecutive failures eject a replica, and for how long.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -334,6 +336,7 @@ impl FleetState {
                     .saturating_add(peers.get(id.0 as usize).copied().unwrap_or(0)),
                 // At the request's own time, so that the ranking follows from the events.
                 prefill_progress: r.prefill.progress(ask.features.now_ms),
+                step_wait: r.step_wait(ask.features.now_us),
                 stale: r.freshness(self.ages, now_ms) == Freshness::Stale,
                 kv_usage: r.reported_kv_usage(),
                 kv_empty_tokens: self
@@ -432,6 +435,24 @@ impl FleetState {
         if let Some(r) = self.replicas.get_mut(replica) {
             r.prefill.first_token(request, now_ms);
         }
+    }
+
+    /// A token of the request's stream arrived at `now_us`, its previous one at `previous_us`:
+    /// its replica ended a step ([`StepClock::token`]).
+    pub fn token(&self, request: RequestId, now_us: u64, previous_us: Option<u64>) {
+        if let Some(clock) = self
+            .requests
+            .get(&request)
+            .and_then(|&r| self.step_clock(r))
+        {
+            clock.token(now_us, previous_us);
+        }
+    }
+
+    /// The clock of `replica`'s engine steps, for a proxy thread to tell of the tokens it
+    /// passes on without this state's lock ([`StepClock::token`]).
+    pub fn step_clock(&self, replica: ReplicaId) -> Option<Arc<StepClock>> {
+        self.replicas.get(replica).map(|r| Arc::clone(&r.steps))
     }
 
     /// The request ended, whole or not.

@@ -19,6 +19,7 @@ mod ring;
 mod select;
 mod sessions;
 mod signal;
+mod step_clock;
 mod tiers;
 mod traffic;
 
@@ -34,4 +35,5 @@ pub use replica_state::{AgentState, Freshness, ReplicaSpec, ReplicaState, Report
 pub use ring::HashRing;
 pub use select::{Candidate, Decision, Policy};
 pub use signal::{BySignal, Signal};
+pub use step_clock::StepClock;
 pub use tiers::{HeldByTier, TierValues};

@@ -17,6 +17,8 @@ pub(crate) struct PromptWork {
     recompute_penalty: f64,
     /// The recompute at which the penalty is whole (0: always whole).
     penalty_full_at: u64,
+    /// The rest of the step under way counts (see [`PromptWork::without_step_wait`]).
+    step_wait: bool,
 }
 
 impl PromptWork {
@@ -27,6 +29,25 @@ impl PromptWork {
             most_held: 0.0,
             recompute_penalty: 0.0,
             penalty_full_at: 0,
+            step_wait: true,
+        }
+    }
+
+    /// The step under way is not counted: it decides where one request's first token comes
+    /// soonest, not where what the request places (a session's turns to come) should live.
+    pub fn without_step_wait(self) -> Self {
+        PromptWork {
+            step_wait: false,
+            ..self
+        }
+    }
+
+    /// The rest of `r`'s step under way as counted here.
+    pub fn step_wait_on(&self, r: &ReplicaView) -> u64 {
+        if self.step_wait {
+            r.step_wait
+        } else {
+            0
         }
     }
 
@@ -54,8 +75,8 @@ impl PromptWork {
     }
 
     /// The prefill ahead of this request's first token on `r`: its backlog less what it has
-    /// likely computed of it, and the part of the prompt it does not hold, that part's
-    /// recompute of what another holds penalised.
+    /// likely computed of it, the rest of the step under way, and the part of the prompt it
+    /// does not hold, that part's recompute of what another holds penalised.
     pub fn ahead_on(&self, r: &ReplicaView, held: f64) -> u64 {
         let uncached = self.uncached(held);
         let recompute = uncached.saturating_sub(self.uncached(self.most_held));
@@ -66,6 +87,7 @@ impl PromptWork {
         };
         let penalty = (recompute as f64 * self.recompute_penalty * weight).round() as u64;
         r.prefill_ahead()
+            .saturating_add(self.step_wait_on(r))
             .saturating_add(uncached)
             .saturating_add(penalty)
     }
@@ -126,6 +148,7 @@ mod tests {
             waiting: 0,
             prefill_backlog: 0,
             prefill_progress: 0,
+            step_wait: 0,
             stale: false,
             kv_usage,
             kv_empty_tokens: None,
@@ -162,6 +185,7 @@ mod tests {
                 waiting,
                 prefill_backlog,
                 prefill_progress: 0,
+                step_wait: 0,
                 stale: false,
                 kv_usage: Some(0.5),
                 kv_empty_tokens,

@@ -62,14 +62,18 @@ impl PrefillQueue {
         let (Some(&(_, tokens, sent_ms)), 1) = (self.pending.front(), self.pending.len()) else {
             return 0;
         };
-        if self.tokens <= 0.0 {
+        let Some(pace) = self.pace() else {
             return 0;
-        }
-        // Within the clock's millisecond a first token shows no time spent: at most the sum's
-        // tokens a millisecond.
-        let pace = self.tokens / self.busy_ms.max(1.0);
+        };
         let since = sent_ms.max(self.last_first_token_ms);
         (now_ms.saturating_sub(since) as f64 * pace).min(tokens as f64) as u64
+    }
+
+    /// Prompt tokens a millisecond it has turned into first tokens (None before the first).
+    pub fn pace(&self) -> Option<f64> {
+        // Within the clock's millisecond a first token shows no time spent: at most the sum's
+        // tokens a millisecond.
+        (self.tokens > 0.0).then(|| self.tokens / self.busy_ms.max(1.0))
     }
 
     fn remove(&mut self, request: RequestId) -> Option<(u64, u64)> {

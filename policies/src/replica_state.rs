@@ -2,10 +2,12 @@
 //! requests in flight, its agent's last report, and what it may serve.
 
 use crate::prefill_queue::PrefillQueue;
+use crate::step_clock::StepClock;
 use crate::{Candidate, ReplicaId};
 use kvgate_protocol::telemetry::{EngineLoad, GpuStats};
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// A replica as the config (or its agent, when it joined by reporting) describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,6 +73,9 @@ pub struct ReplicaState {
     /// Its in-flight requests still awaiting their first token, and how far it has got
     /// through them.
     pub(crate) prefill: PrefillQueue,
+    /// When its engine's step under way likely ends (shared with the proxy threads that see
+    /// its tokens: [`crate::FleetState::step_clock`]).
+    pub(crate) steps: Arc<StepClock>,
     /// The scores of the last request sent to it.
     pub last_decision: Option<Candidate>,
 }
@@ -89,6 +94,7 @@ impl ReplicaState {
             agent: None,
             in_flight: 0,
             prefill: PrefillQueue::default(),
+            steps: Arc::default(),
             last_decision: None,
         }
     }
@@ -97,6 +103,17 @@ impl ReplicaState {
     /// each decision found it holding.
     pub fn prefill_backlog(&self) -> u64 {
         self.prefill.backlog()
+    }
+
+    /// The rest of its engine's step under way at `now_us`, in prompt tokens at the pace its
+    /// first tokens have come (0 while either is unknown).
+    pub fn step_wait(&self, now_us: u64) -> u64 {
+        // Nothing in flight from here: likely idle, a request starts a step at once.
+        if now_us == 0 || self.in_flight == 0 {
+            return 0;
+        }
+        let pace = self.prefill.pace().unwrap_or(0.0);
+        (self.steps.wait_us(now_us) as f64 / 1_000.0 * pace) as u64
     }
 
     /// Models it serves: configured, else discovered; `None` while unknown.

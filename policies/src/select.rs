@@ -44,6 +44,9 @@ pub struct Candidate {
     /// The prefill queued ahead on it: this gateway's, less what the replica has likely
     /// computed of it, and what its peers said of theirs.
     pub prefill_backlog: u64,
+    /// The rest of its engine's step under way, in the same tokens (counted in the prefill
+    /// signal beside the backlog).
+    pub step_wait: u64,
     pub in_flight: u32,
 }
 
@@ -58,14 +61,15 @@ impl Candidate {
         }
         let _ = write!(
             out,
-            ";ring_distance={};in_flight={};load_cap={};saturated={};prefix_blocks={};prefill_tokens={};prefill_backlog={}",
+            ";ring_distance={};in_flight={};load_cap={};saturated={};prefix_blocks={};prefill_tokens={};prefill_backlog={};step_wait={}",
             self.ring_distance,
             self.in_flight,
             self.load_cap,
             self.saturated,
             self.prefix_blocks,
             self.prefill_tokens,
-            self.prefill_backlog
+            self.prefill_backlog,
+            self.step_wait
         );
         out
     }
@@ -408,8 +412,11 @@ impl Policy {
                 held
             }
         };
-        let prompt = PromptWork::new(features.prompt_tokens, blocks)
+        let mut prompt = PromptWork::new(features.prompt_tokens, blocks)
             .with_recompute_penalty(most_held, penalty, full_at);
+        if opens_session {
+            prompt = prompt.without_step_wait();
+        }
         let least_work = fleet
             .replicas
             .iter()
@@ -503,6 +510,7 @@ impl Policy {
                     prefix_blocks: held,
                     prefill_tokens: prompt.uncached(held),
                     prefill_backlog: r.prefill_ahead(),
+                    step_wait: prompt.step_wait_on(r),
                     in_flight: r.in_flight,
                 }
             })

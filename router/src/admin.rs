@@ -220,7 +220,7 @@ fn explain(gateway: &Gateway, body: &[u8]) -> (u16, Vec<u8>) {
         policy: &snap.config.policy,
         tokenizers: &snap.tokenizers,
         session_header: None,
-        now_ms: gateway.now_ms(),
+        now_us: gateway.now_us(),
         // The first in ring order of a tie (a routed request draws one of them: `tied`).
         tie_draw: 0,
     };

@@ -210,6 +210,11 @@ impl Gateway {
         self.epoch.elapsed().as_millis() as u64
     }
 
+    /// The same clock in microseconds: engine steps take a few milliseconds.
+    pub fn now_us(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64
+    }
+
     /// The bearer tokens (admin API, agents, peers) as last read from their files.
     pub(crate) fn tokens(&self) -> std::sync::RwLockReadGuard<'_, Tokens> {
         self.tokens.read().unwrap_or_else(PoisonError::into_inner)
@@ -398,9 +403,15 @@ impl Gateway {
         let id = self.next_request.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
         let now = self.now_ms();
-        let decision = self
-            .fleet()
-            .route(id, &ask(model, features, class), now, top);
+        let (decision, steps) = {
+            let mut fleet = self.fleet();
+            let decision = fleet.route(id, &ask(model, features, class), now, top);
+            let steps = decision
+                .as_ref()
+                .ok()
+                .and_then(|d| fleet.step_clock(d.ranked[0].replica));
+            (decision, steps)
+        };
         self.metrics
             .decision
             .observe(started.elapsed().as_secs_f64());
@@ -409,6 +420,7 @@ impl Gateway {
             Arc::clone(&self.fleet),
             Arc::clone(&self.admission.released),
             id,
+            steps,
         );
         let route = self.route_of(snap, decision, first);
         if let (Some(peers), Some((replica, _))) = (&snap.config.peers, route.ranked.first()) {
@@ -444,11 +456,16 @@ impl Gateway {
     pub fn resend(&self, choice: &Candidate, features: &RequestFeatures) -> InFlight {
         let id = self.next_request.fetch_add(1, Ordering::Relaxed);
         let now = self.now_ms();
-        self.fleet().send(id, choice, features, now);
+        let steps = {
+            let mut fleet = self.fleet();
+            fleet.send(id, choice, features, now);
+            fleet.step_clock(choice.replica)
+        };
         InFlight::new(
             Arc::clone(&self.fleet),
             Arc::clone(&self.admission.released),
             id,
+            steps,
         )
     }
 

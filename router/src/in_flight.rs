@@ -1,8 +1,8 @@
 //! A request's hold on its replica: counted in flight in the fleet state for the life of the
-//! request, its prompt in the replica's prefill backlog until the first token; at the end, the
-//! requests waiting for room are woken.
+//! request, its prompt in the replica's prefill backlog until the first token, its tokens the
+//! ends of the replica's engine steps; at the end, the requests waiting for room are woken.
 
-use kvgate_policies::{FleetState, RequestId};
+use kvgate_policies::{FleetState, RequestId, StepClock};
 use std::sync::{Arc, Mutex, PoisonError};
 
 pub struct InFlight {
@@ -10,20 +10,34 @@ pub struct InFlight {
     released: Arc<tokio::sync::Notify>,
     pub id: RequestId,
     prefilled: bool,
+    steps: Option<Arc<StepClock>>,
+    /// When its previous chunk arrived (µs): a step before the next.
+    last_chunk_us: Option<u64>,
 }
 
 impl InFlight {
-    /// For request `id`, already sent in `fleet` ([`FleetState::send`]).
+    /// For request `id`, already sent in `fleet` ([`FleetState::send`]) to the replica whose
+    /// engine steps `steps` keeps.
     pub fn new(
         fleet: Arc<Mutex<FleetState>>,
         released: Arc<tokio::sync::Notify>,
         id: RequestId,
+        steps: Option<Arc<StepClock>>,
     ) -> Self {
         InFlight {
             fleet,
             released,
             id,
             prefilled: false,
+            steps,
+            last_chunk_us: None,
+        }
+    }
+
+    /// A chunk of the answer arrived at `now_us`: its replica ended a step. No lock taken.
+    pub fn token(&mut self, now_us: u64) {
+        if let Some(steps) = &self.steps {
+            steps.token(now_us, self.last_chunk_us.replace(now_us));
         }
     }
 

@@ -178,6 +178,7 @@ impl Gateway {
             policy.ring_key_chunks,
         );
         features.now_ms = now_ms;
+        features.now_us = request.now_us;
         features.tie_draw = random_draw(request.id);
         features.session = request
             .job
@@ -216,7 +217,9 @@ impl Gateway {
         }
     }
 
-    pub fn token(&mut self, id: u64) {
+    /// A token of request `id` arrived at `now_us`, its previous one at `previous_us`.
+    pub fn token(&mut self, id: u64, now_us: u64, previous_us: Option<u64>) {
+        self.fleet.token(id, now_us, previous_us);
         if let Routing::Dynamo(d) = &mut self.routing {
             d.token(id);
         }

@@ -493,3 +493,41 @@ pub fn read_to_close(s: &mut std::net::TcpStream) -> String {
     let _ = s.read_to_end(&mut out);
     String::from_utf8_lossy(&out).into_owned()
 }
+
+/// One figure of each candidate in `gw`'s explanation of `body`, by name, best first.
+pub async fn by_replica(
+    gw: &Gateway,
+    body: &serde_json::Value,
+    figure: &str,
+) -> Vec<(String, f64)> {
+    let (status, e) = post(&gw.admin(), "/admin/explain", body).await;
+    assert_eq!(status, 200, "{e}");
+    e["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let name = c["replica"].as_str().unwrap().to_string();
+            (name, c["score"][figure].as_f64().unwrap())
+        })
+        .collect()
+}
+
+/// Waits until `gw` explains `body` with a candidate whose `figure` passes `ok`.
+pub async fn until_explained(
+    gw: &Gateway,
+    body: &serde_json::Value,
+    figure: &str,
+    what: &str,
+    ok: impl Fn(&[(String, f64)]) -> bool,
+) -> Vec<(String, f64)> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = by_replica(gw, body, figure).await;
+        if ok(&now) {
+            return now;
+        }
+        assert!(Instant::now() < deadline, "never {what}: {now:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -145,6 +145,7 @@ fn fleet(replicas: u32) -> Vec<ReplicaView> {
             waiting: 0,
             prefill_backlog: u64::from(i % 5) * 1_000,
             prefill_progress: 0,
+            step_wait: 0,
             stale: false,
             kv_usage: None,
             kv_empty_tokens: None,

@@ -529,3 +529,34 @@ fn peers_backlogs_count_beside_this_gateways_own_until_they_lapse() {
     let d = f.rank(&ask("m", &feats), 200, 2).unwrap();
     assert_eq!((backlog(&d, sent.replica), backlog(&d, unsent)), (1_000, 0));
 }
+
+#[test]
+fn the_tokens_streaming_back_time_a_replicas_steps_at_its_prefill_pace_while_it_serves() {
+    let mut f = fleet(2);
+    let first = features(1_000);
+    let d = f.rank(&ask("m", &first), 0, 2).unwrap();
+    let choice = d.ranked[0];
+    let r = choice.replica;
+    f.send(1, &choice, &first, 0);
+    // 1,000 tokens to the first token in 10 ms: 100 a millisecond.
+    f.first_token(1, 10);
+    f.token(1, 10_000, None);
+    // The proxy's path: the replica's clock, without the fleet's lock.
+    f.step_clock(r).unwrap().token(15_000, Some(10_000));
+    let wait_at = |f: &FleetState, now_us: u64| {
+        let next = RequestFeatures {
+            now_us,
+            now_ms: now_us / 1_000,
+            ..features(64)
+        };
+        let d = f.rank(&ask("m", &next), now_us / 1_000, 2).unwrap();
+        d.ranked.iter().find(|c| c.replica == r).unwrap().step_wait
+    };
+    // Steps of 5 ms, the last ending at 15 ms: 4 ms left at 16 ms, 400 tokens' worth.
+    assert_eq!(wait_at(&f, 16_000), 400);
+    // Unknown without a clock of microseconds.
+    assert_eq!(wait_at(&f, 0), 0);
+    // With nothing in flight from here, the replica is likely idle: a request starts a step.
+    f.finished(1);
+    assert_eq!(wait_at(&f, 16_000), 0);
+}

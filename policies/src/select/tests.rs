@@ -10,6 +10,7 @@ mod saturation;
 mod session_room;
 mod sessions;
 mod spread;
+mod step_wait;
 mod ties;
 
 /// The bounded-load policy these tests exercise: caps over the mean load with a bonus for
@@ -70,6 +71,7 @@ fn view(loads: &[u32]) -> Vec<ReplicaView> {
             waiting: 0,
             prefill_backlog: 0,
             prefill_progress: 0,
+            step_wait: 0,
             stale: false,
             kv_usage: None,
             kv_empty_tokens: None,

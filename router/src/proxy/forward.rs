@@ -449,6 +449,10 @@ impl Forward<'_> {
             };
             match read {
                 Ok(Some(chunk)) => {
+                    // A stream's chunks are its replica's steps; a whole body's reads are not.
+                    if is_sse {
+                        in_flight.token(self.gateway.now_us());
+                    }
                     if first_chunk {
                         first_chunk = false;
                         in_flight.prefilled(self.gateway.now_ms());

@@ -427,14 +427,14 @@ impl ProxyApp {
         snapshot: &Arc<Snapshot>,
         session_id: Option<Vec<u8>>,
     ) -> Result<request::RoutedRequest, ApiError> {
-        let now_ms = self.gateway.now_ms();
+        let now_us = self.gateway.now_us();
         let tie_draw = self.gateway.tie_draw();
         let parse = move |snap: &Snapshot, body: &[u8], budget: usize| {
             let cx = request::ParseContext {
                 policy: &snap.config.policy,
                 tokenizers: &snap.tokenizers,
                 session_header: session_id.as_deref(),
-                now_ms,
+                now_us,
                 tie_draw,
             };
             request::parse_within(endpoint, body, &cx, budget)

@@ -21,8 +21,8 @@ pub struct ParseContext<'a> {
     pub tokenizers: &'a TokenModes,
     /// The request's `x-session-id`; without one, the body's `user` names the session.
     pub session_header: Option<&'a [u8]>,
-    /// The gateway's clock.
-    pub now_ms: u64,
+    /// The gateway's clock, in microseconds.
+    pub now_us: u64,
     /// The request's draw for a tie (`RequestFeatures::tie_draw`).
     pub tie_draw: u64,
 }
@@ -74,7 +74,8 @@ pub fn parse_within(
             // that prompt's owner (the prefix signal still favours replicas holding blocks).
             ring_key: session.unwrap_or(features.ring_key),
             session,
-            now_ms: cx.now_ms,
+            now_ms: cx.now_us / 1_000,
+            now_us: cx.now_us,
             tie_draw: cx.tie_draw,
             ..features
         },
@@ -180,7 +181,7 @@ mod tests {
             policy: &PolicyConfig::default(),
             tokenizers: &TokenModes::new(),
             session_header: None,
-            now_ms: 0,
+            now_us: 0,
             tie_draw: 0,
         };
         parse(endpoint, body.as_bytes(), &cx).unwrap_err()
@@ -220,7 +221,7 @@ mod tests {
                 policy: &PolicyConfig::default(),
                 tokenizers: &TokenModes::new(),
                 session_header: session.map(str::as_bytes),
-                now_ms: 0,
+                now_us: 0,
                 tie_draw: 0,
             };
             let parsed = parse(Endpoint::Chat, body(q).as_bytes(), &cx);

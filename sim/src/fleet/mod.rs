@@ -450,10 +450,11 @@ impl<'a> Sim<'a> {
                 sent.first_us = Some(self.now_us);
                 gateway.first_token(token.id, self.now_us / 1_000);
             }
-            if let Some(last) = sent.last_token_us.replace(self.now_us) {
+            let previous = sent.last_token_us.replace(self.now_us);
+            if let Some(last) = previous {
                 sent.itl_s.push((self.now_us - last) as f64 / 1e6);
             }
-            gateway.token(token.id);
+            gateway.token(token.id, self.now_us, previous);
             sent.output.push(token.token);
             if first {
                 self.backlog_changed(g);

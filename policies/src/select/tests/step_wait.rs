@@ -1,0 +1,59 @@
+//! The rest of a replica's engine step under way (`ReplicaView::step_wait`): among replicas
+//! with the same work ahead, the one whose step ends first is first; it never outweighs a
+//! prompt the others would have to compute.
+
+use super::*;
+
+/// A 1,088-token prompt of 17 chunks (a system prompt and a question).
+fn prompt() -> RequestFeatures {
+    RequestFeatures {
+        prompt_tokens: 1_088,
+        ..features(9, &(1..=17).collect::<Vec<u64>>())
+    }
+}
+
+fn waiting(waits: &[u64]) -> Vec<ReplicaView> {
+    let mut fleet = view(&vec![3; waits.len()]);
+    for (r, &w) in fleet.iter_mut().zip(waits) {
+        r.step_wait = w;
+    }
+    fleet
+}
+
+#[test]
+fn among_equal_holders_the_replica_whose_step_ends_first_is_first() {
+    let mut p = policy_with(3, PolicyConfig::default());
+    let f = prompt();
+    for r in 0..3 {
+        p.record(ReplicaId(r), &f);
+    }
+    for (waits, first) in [([40, 5, 30], 1), ([0, 25, 30], 0), ([30, 40, 2], 2)] {
+        let d = p.select(
+            &f,
+            FleetView {
+                replicas: &waiting(&waits),
+            },
+        );
+        assert_eq!(d.ranked[0].replica, ReplicaId(first), "{waits:?}");
+        let wait = waits[first as usize];
+        assert_eq!(d.ranked[0].step_wait, wait);
+        assert!(d.ranked[0]
+            .breakdown()
+            .ends_with(&format!(";step_wait={wait}")));
+    }
+}
+
+#[test]
+fn a_step_under_way_does_not_outweigh_the_prompt_held() {
+    let mut p = policy_with(2, PolicyConfig::default());
+    let f = prompt();
+    p.record(ReplicaId(0), &f);
+    // The holder is a whole step from its next one, the other about to start one.
+    let d = p.select(
+        &f,
+        FleetView {
+            replicas: &waiting(&[60, 0]),
+        },
+    );
+    assert_eq!(d.ranked[0].replica, ReplicaId(0));
+}
