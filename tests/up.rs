@@ -95,42 +95,69 @@ async fn assert_nothing_left(root: u32, what: &str) {
     }
 }
 
-/// Waits until the gateway lists `n` workers, available and fresh.
-async fn wait_ready(up: &Up, n: usize) {
-    let admin = format!("http://127.0.0.1:{}", up.admin_port);
-    wait_ok(&format!("{admin}/health")).await;
-    let dir = private_dir(up.port).expect("the private directory");
-    let token = std::fs::read_to_string(dir.join("admin-token")).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let v: serde_json::Value = client()
-            .get(format!("{admin}/admin/replicas"))
-            .bearer_auth(token.trim())
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let ready = v["replicas"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|r| r["available"] == true && r["freshness"] == "fresh")
-            .count();
-        if ready == n {
-            return;
+/// `kvgate up` with `workers` workers, once its gateway lists them all available and fresh;
+/// started again on other ports where one was taken before its process could listen.
+async fn ready_up(workers: u16, extra: &[&str]) -> Up {
+    on_free_ports("kvgate up", async || {
+        let mut up = start_up_with(workers, extra);
+        let ready = wait_ready(&mut up, workers.into()).await;
+        if ready.is_err() {
+            up.proc.signal("TERM");
+            up.proc.exits();
         }
-        assert!(Instant::now() < deadline, "fleet not up: {v:#}");
+        ready.map(|()| up)
+    })
+    .await
+}
+
+/// Waits until the gateway lists `n` workers, available and fresh (30 s at most), or `kvgate
+/// up`'s log shows a port of its fleet taken by another process first.
+async fn wait_ready(up: &mut Up, n: usize) -> Result<(), PortTaken> {
+    let admin = format!("http://127.0.0.1:{}", up.admin_port);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seen = serde_json::Value::Null;
+    loop {
+        let log = std::fs::read_to_string(&up.proc.log).unwrap_or_default();
+        if log.contains("Address already in use") {
+            return Err(PortTaken);
+        }
+        assert!(
+            up.proc.child.try_wait().unwrap().is_none(),
+            "kvgate up exited:\n{log}"
+        );
+        let token = private_dir(up.port)
+            .and_then(|dir| std::fs::read_to_string(dir.join("admin-token")).ok());
+        if let Some(token) = token {
+            let answer = client()
+                .get(format!("{admin}/admin/replicas"))
+                .bearer_auth(token.trim())
+                .send()
+                .await;
+            if let Ok(v) = match answer {
+                Ok(r) => r.json::<serde_json::Value>().await,
+                Err(e) => Err(e),
+            } {
+                let ready = v["replicas"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|r| r["available"] == true && r["freshness"] == "fresh")
+                    .count();
+                if ready == n {
+                    return Ok(());
+                }
+                seen = v;
+            }
+        }
+        assert!(Instant::now() < deadline, "fleet not up: {seen:#}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kvgate_up_runs_a_fleet_under_agents_and_stops_it() {
-    let mut up = start_up(2);
+    let mut up = ready_up(2, &[]).await;
     let admin = format!("http://127.0.0.1:{}", up.admin_port);
-    wait_ok(&format!("{admin}/health")).await;
     let dir = private_dir(up.port).expect("the private directory");
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&dir), 0o700);
@@ -147,7 +174,6 @@ async fn kvgate_up_runs_a_fleet_under_agents_and_stops_it() {
         r.send()
     };
     assert_eq!(replicas(None).await.unwrap().status(), 401);
-    wait_ready(&up, 2).await;
     let gateway = format!("http://127.0.0.1:{}", up.port);
     for i in 0..4 {
         let a = send(
@@ -283,8 +309,7 @@ async fn a_taken_port_fails_at_once_with_its_name() {
 /// the decode worker's cache from the prefill worker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_disaggregated_fleet_hands_prompts_to_its_decode_workers() {
-    let mut up = start_up_with(2, &["--prefill-workers", "1"]);
-    wait_ready(&up, 2).await;
+    let mut up = ready_up(2, &["--prefill-workers", "1"]).await;
     let gateway = format!("http://127.0.0.1:{}", up.port);
     let body = serde_json::json!({"model": MODEL, "prompt": prompt_ids(1, 150), "max_tokens": 4});
     let (status, answer) = post(&gateway, "/v1/completions", &body).await;
