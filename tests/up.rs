@@ -113,7 +113,6 @@ async fn ready_up(workers: u16, extra: &[&str]) -> Up {
 /// Waits until the gateway lists `n` workers, available and fresh (30 s at most), or `kvgate
 /// up`'s log shows a port of its fleet taken by another process first.
 async fn wait_ready(up: &mut Up, n: usize) -> Result<(), PortTaken> {
-    let admin = format!("http://127.0.0.1:{}", up.admin_port);
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut seen = serde_json::Value::Null;
     loop {
@@ -125,33 +124,36 @@ async fn wait_ready(up: &mut Up, n: usize) -> Result<(), PortTaken> {
             up.proc.child.try_wait().unwrap().is_none(),
             "kvgate up exited:\n{log}"
         );
-        let token = private_dir(up.port)
-            .and_then(|dir| std::fs::read_to_string(dir.join("admin-token")).ok());
-        if let Some(token) = token {
-            let answer = client()
-                .get(format!("{admin}/admin/replicas"))
-                .bearer_auth(token.trim())
-                .send()
-                .await;
-            if let Ok(v) = match answer {
-                Ok(r) => r.json::<serde_json::Value>().await,
-                Err(e) => Err(e),
-            } {
-                let ready = v["replicas"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter(|r| r["available"] == true && r["freshness"] == "fresh")
-                    .count();
-                if ready == n {
-                    return Ok(());
-                }
-                seen = v;
+        if let Some(v) = listed(up).await {
+            let ready = v["replicas"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|r| r["available"] == true && r["freshness"] == "fresh")
+                .count();
+            if ready == n {
+                return Ok(());
             }
+            seen = v;
         }
         assert!(Instant::now() < deadline, "fleet not up: {seen:#}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The gateway's `/admin/replicas`, once `kvgate up` has written its admin token and the
+/// admin listener answers.
+async fn listed(up: &Up) -> Option<serde_json::Value> {
+    let token = std::fs::read_to_string(private_dir(up.port)?.join("admin-token")).ok()?;
+    client()
+        .get(format!("http://127.0.0.1:{}/admin/replicas", up.admin_port))
+        .bearer_auth(token.trim())
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

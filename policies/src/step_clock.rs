@@ -58,15 +58,6 @@ impl StepClock {
     }
 }
 
-impl Clone for StepClock {
-    fn clone(&self) -> Self {
-        StepClock {
-            last_us: AtomicU64::new(self.last_us.load(Relaxed)),
-            step_us: AtomicU64::new(self.step_us.load(Relaxed)),
-        }
-    }
-}
-
 impl PartialEq for StepClock {
     fn eq(&self, other: &Self) -> bool {
         self.last_us.load(Relaxed) == other.last_us.load(Relaxed)
