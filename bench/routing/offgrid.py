@@ -17,7 +17,7 @@ OUT/cN/ (kvgate sim's results; a cell already there is not run again) and OUT/of
 
 Usage: bench/routing/offgrid.py [--draw 2] [--cells 100] [--seeds 4] [--jobs 2] [--out DIR]
                                 [--caps-from DIR] [--kvgate BINARY] [--try POLICY.yaml ...]
-                                [--exchange-ms MS]
+                                [--exchange-ms MS] [--peers-from DIR] [--times N]
 --caps-from takes each cell's capacity from an earlier run's OUT, so that two builds are
 offered the same arrivals (a capacity is measured with the build's own default). --try runs
 kvgate policy files on every cell too, on the same arrivals, and prints and sums up each one's
@@ -25,6 +25,11 @@ P90 over the best peer's beside the default's. --exchange-ms also runs kvgate on
 with two gateways with them telling each other their decisions and prefill backlogs every MS
 (`peers:`, `kvgate sim --gateway-exchange-ms`), on the same arrivals, and sums the draw up as
 deployed too: those cells with the exchange, the others as they are (one gateway has no peers).
+--peers-from takes the peers' runs (and the capacities) from an earlier OUT of the same draw and
+seeds, and runs only kvgate: another build of it against the same peers at a tenth of the cost
+(the peers' algorithms are the simulator's, the same in either build). --times runs each cell
+N times longer (the capacities stay those of the grid's length): a policy's steady state
+rather than its warm-up.
 """
 import argparse, concurrent.futures, json, os, random, statistics, subprocess, sys
 
@@ -58,8 +63,11 @@ def describe(shape):
             f"load {shape['load']}: " + " ".join(words))
 
 
-def flags(shape, seed):
-    requests = 100 * shape["replicas"]
+TIMES = 1  # --times: each cell's requests (100 a replica) this many times over
+
+
+def flags(shape, seed, times=None):
+    requests = 100 * shape["replicas"] * (times or TIMES)
     workload = list(shape["workload"])
     if "--groups" in workload:
         groups = int(workload[workload.index("--groups") + 1])
@@ -82,8 +90,17 @@ def run(args, out, policies):
     return {name_of(p): grid.summary(out, name_of(p)) for p in policies}
 
 
+def run_seed(arrivals, out, args, peers_from):
+    """kvgate, the tried policies and the peers on one seed's arrivals; the peers' runs read
+    from `peers_from` where given."""
+    if not peers_from:
+        return run(arrivals, out, ["kvgate", *grid.PEERS, *args.tries])
+    return {**{p: grid.summary(peers_from, p) for p in grid.PEERS},
+            **run(arrivals, out, ["kvgate", *args.tries])}
+
+
 def capacity(shape, out):
-    args = flags(shape, 1)
+    args = flags(shape, 1, times=1)
     args[args.index("--gateways") + 1] = "1"
     args += ["--concurrency", str(32 * shape["replicas"])]
     return run(args, os.path.join(out, "capacity"), ["kvgate"])["kvgate"]["requests_per_s"]
@@ -91,11 +108,13 @@ def capacity(shape, out):
 
 def run_cell(index, shape, args):
     out = os.path.join(args.out, f"c{index}")
-    cap = capacity(shape, os.path.join(args.caps_from, f"c{index}") if args.caps_from else out)
+    caps_from = args.caps_from or args.peers_from
+    cap = capacity(shape, os.path.join(caps_from, f"c{index}") if caps_from else out)
     per_seed = []
     for seed in range(1, args.seeds + 1):
         arrivals = flags(shape, seed) + ["--rate", f"{shape['load'] * cap:.6g}"]
-        s = run(arrivals, os.path.join(out, f"seed{seed}"), ["kvgate", *grid.PEERS, *args.tries])
+        s = run_seed(arrivals, os.path.join(out, f"seed{seed}"), args,
+                     args.peers_from and os.path.join(args.peers_from, f"c{index}", f"seed{seed}"))
         best = min(grid.PEERS, key=lambda p: s[p]["ttft_s"]["p90"])
         cached = max(s[p]["cached_token_ratio"] for p in grid.PEERS)
         exchanged = s["kvgate"]
@@ -150,8 +169,12 @@ def main():
     ap.add_argument("--kvgate", default=grid.KVGATE)
     ap.add_argument("--try", dest="tries", nargs="*", default=[], metavar="POLICY.yaml")
     ap.add_argument("--exchange-ms", type=int, default=None, metavar="MS")
+    ap.add_argument("--peers-from", metavar="DIR")
+    ap.add_argument("--times", type=int, default=1)
     args = ap.parse_args()
     grid.KVGATE = args.kvgate
+    global TIMES
+    TIMES = args.times
     os.makedirs(args.out, exist_ok=True)
     rng = random.Random(args.draw)
     shapes = [draw_shape(rng) for _ in range(args.cells)]
