@@ -34,7 +34,9 @@ impl PromptWork {
     }
 
     /// The step under way is not counted: it decides where one request's first token comes
-    /// soonest, not where what the request places (a session's turns to come) should live.
+    /// soonest, not where a session's turns should live (its first turn places them all, and
+    /// a later one moved off its home for a step's wait recomputes its history, compute the
+    /// fleet needs).
     pub fn without_step_wait(self) -> Self {
         PromptWork {
             step_wait: false,

@@ -414,7 +414,7 @@ impl Policy {
         };
         let mut prompt = PromptWork::new(features.prompt_tokens, blocks)
             .with_recompute_penalty(most_held, penalty, full_at);
-        if opens_session {
+        if features.session.is_some() {
             prompt = prompt.without_step_wait();
         }
         let least_work = fleet

@@ -1,6 +1,6 @@
 //! The rest of a replica's engine step under way (`ReplicaView::step_wait`): among replicas
 //! with the same work ahead, the one whose step ends first is first; it never outweighs a
-//! prompt the others would have to compute.
+//! prompt the others would have to compute, nor moves a session's turn.
 
 use super::*;
 
@@ -56,4 +56,26 @@ fn a_step_under_way_does_not_outweigh_the_prompt_held() {
         },
     );
     assert_eq!(d.ranked[0].replica, ReplicaId(0));
+}
+
+#[test]
+fn a_sessions_turn_is_not_moved_off_its_home_for_a_step() {
+    // The home holds 8 of the turn's 10 chunks (200 tokens to compute there, 1,000 elsewhere,
+    // a session's recompute unpenalised), and is 900 tokens' worth of step from its next one:
+    // counted, the step would send the turn away and its history would be computed again.
+    let turn = |chunks: &[u64]| RequestFeatures {
+        session: Some(42),
+        prompt_tokens: 100 * chunks.len() as u64,
+        ..features(7, chunks)
+    };
+    let mut p = policy_with(4, PolicyConfig::default());
+    p.record(ReplicaId(0), &turn(&(1..=8).collect::<Vec<u64>>()));
+    let d = p.select(
+        &turn(&(1..=10).collect::<Vec<u64>>()),
+        FleetView {
+            replicas: &waiting(&[900, 0, 0, 0]),
+        },
+    );
+    assert_eq!(d.ranked[0].replica, ReplicaId(0), "{d:?}");
+    assert_eq!(d.ranked[0].step_wait, 0);
 }
