@@ -138,8 +138,7 @@ async fn an_agent_supervises_its_worker_and_the_gateway_follows() {
         admin_port,
         config,
     };
-    let health = format!("{}/health", gw.url());
-    gw.proc.wait_healthy(&health).await.expect("port taken");
+    gw.wait_ready().await.expect("port taken");
 
     let worker_url = format!("http://127.0.0.1:{worker_port}");
     let mut cmd = kvgate();

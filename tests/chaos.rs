@@ -220,8 +220,7 @@ impl AgentFleet {
                 spawn(cmd, &format!("chaos-agent-{}", w.id()))
             })
             .collect();
-        let health = format!("{}/health", gw.url());
-        gw.proc.wait_healthy(&health).await.expect("port taken");
+        gw.wait_ready().await.expect("port taken");
         gw.wait_until(|rs| {
             rs.iter()
                 .all(|r| r["available"] == true && r["freshness"] == "fresh")

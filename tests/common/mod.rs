@@ -188,18 +188,13 @@ impl Gateway {
         let config = temp_file_with(&format!("gateway-{port}"), ".yaml", &yaml);
         let mut cmd = kvgate();
         cmd.args(["gateway", "--config", config.to_str().unwrap()]);
-        let mut proc = spawn(cmd, &format!("gateway-{port}"));
-        // Each listener is its own service, ready in its own time.
-        proc.wait_healthy(&format!("http://127.0.0.1:{port}/health"))
-            .await?;
-        proc.wait_healthy(&format!("http://127.0.0.1:{admin_port}/health"))
-            .await?;
-        let gw = Gateway {
-            proc,
+        let mut gw = Gateway {
+            proc: spawn(cmd, &format!("gateway-{port}")),
             port,
             admin_port,
             config,
         };
+        gw.wait_ready().await?;
         gw.wait_until(|replicas| replicas.iter().all(|r| r["models"].is_array()))
             .await;
         Ok(gw)
@@ -229,6 +224,14 @@ impl Gateway {
 
     pub fn admin(&self) -> String {
         format!("http://127.0.0.1:{}", self.admin_port)
+    }
+
+    /// Waits until both its listeners answer: each is its own service, ready in its own time
+    /// (the proxy's can answer before the admin API's is bound).
+    pub async fn wait_ready(&mut self) -> Result<(), PortTaken> {
+        let (proxy, admin) = (self.url(), self.admin());
+        self.proc.wait_healthy(&format!("{proxy}/health")).await?;
+        self.proc.wait_healthy(&format!("{admin}/health")).await
     }
 
     /// How the gateway would route `body` (`POST /admin/explain`), which must answer 200.
