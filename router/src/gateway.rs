@@ -13,6 +13,7 @@ use crate::snapshot::{
     build_classes, build_replicas, build_tenants, config_error, read_tokens, same_server, Tokens,
 };
 use crate::tokenizers::{self, TokenModes};
+use crate::upstream_connectors::UpstreamConnectors;
 use kvgate_policies::{
     Applied, Ask, Candidate, Decision, Ejection, FailureOutcome, FleetState, NoRoute, ReportAges,
     ReportOutcome, RequestFeatures,
@@ -26,7 +27,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Instant;
-use thread_local::ThreadLocal;
 
 pub struct Gateway {
     config_path: Option<PathBuf>,
@@ -42,9 +42,8 @@ pub struct Gateway {
     next_request: AtomicU64,
     pub admission: Admission,
     pub metrics: Metrics,
-    /// Opens upstream connections, one per thread: see [`Gateway::connector`].
-    connectors: ThreadLocal<Connector>,
-    connector_options: ConnectorOptions,
+    /// Opens upstream connections, one per thread.
+    connectors: UpstreamConnectors,
     /// Idle connections to the replicas, per thread, for proxied requests.
     pub(crate) idle: crate::idle_pool::IdlePool,
     /// Large request bodies parsed (and tokenized) at once, each on a blocking thread.
@@ -101,6 +100,8 @@ impl Gateway {
                 .map(|p| p.display().to_string()),
             ..ConnectorOptions::new(UPSTREAM_POOL)
         };
+        // The proxy threads' and the health checks'.
+        let threads_ahead = config.threads + 1;
         let gateway = Gateway {
             config_path,
             current: RwLock::new(Arc::new(Snapshot {
@@ -117,8 +118,7 @@ impl Gateway {
             next_request: AtomicU64::new(0),
             admission: Admission::default(),
             metrics,
-            connectors: ThreadLocal::new(),
-            connector_options,
+            connectors: UpstreamConnectors::new(connector_options, threads_ahead),
             idle: Default::default(),
             parse_slots: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -134,12 +134,9 @@ impl Gateway {
         Ok(gateway)
     }
 
-    /// This thread's upstream connector. A connection is registered with the runtime of the
-    /// thread that opened it, and each of its reads is dispatched there: a pool shared between
-    /// threads would hand a request connections whose every read wakes another thread.
+    /// This thread's upstream connector (see `upstream_connectors.rs`).
     pub fn connector(&self) -> &Connector {
-        self.connectors
-            .get_or(|| Connector::new(Some(self.connector_options.clone())))
+        self.connectors.get()
     }
 
     pub fn snapshot(&self) -> Arc<Snapshot> {

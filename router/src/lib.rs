@@ -22,6 +22,7 @@ mod snapshot;
 mod tenants;
 mod tls;
 mod tokenizers;
+mod upstream_connectors;
 
 pub use config::{ConfigError, GatewayConfig};
 pub use connections::raise_open_file_limit;

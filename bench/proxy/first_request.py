@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""A freshly started proxy's first requests: what a start, a restart or a graceful upgrade
+costs the requests that meet it. Each round starts every proxy anew in front of one nginx
+backend, waits for its health checks to settle, and sends requests one at a time, each on a
+new connection (so that, with several threads, they land on each), timing each.
+
+Usage: bench/proxy/first_request.py [--rounds 5] [--requests 8] [--threads 2]
+                                    [--out DIR] LABEL=BINARY ...
+A BINARY named `nginx` runs nginx as the proxy (the peer); any other is a kvgate build.
+"""
+import argparse, http.client, json, os, shutil, statistics, sys, time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ab import gateway  # noqa: E402
+from run import HERE, nginx_conf  # noqa: E402
+from servers import Server, free_port, prepare  # noqa: E402
+
+BODY = json.dumps({"model": "bench", "messages": [{"role": "user", "content": "say ok."}],
+                   "max_tokens": 8})
+
+
+def timed_request(port):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    start = time.perf_counter()
+    conn.request("POST", "/v1/chat/completions", BODY, {"Content-Type": "application/json"})
+    answer = conn.getresponse()
+    answer.read()
+    took = (time.perf_counter() - start) * 1e3
+    conn.close()
+    if answer.status != 200:
+        raise SystemExit(f"answered {answer.status}")
+    return took
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("configs", nargs="+", metavar="LABEL=BINARY")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--settle", type=float, default=1.5, help="seconds after it is healthy")
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    args = ap.parse_args()
+    tmp = prepare("proxy-first-request", args.out)
+    servers = []
+    try:
+        backend = free_port()
+        conf = nginx_conf(tmp, "backend", open(os.path.join(HERE, "backend.conf.in")).read()
+                          .replace("@PORT@", str(backend)), 1)
+        servers.append(Server("backend", [shutil.which("nginx") or "/usr/sbin/nginx", "-c", conf],
+                              backend, tmp))
+        times = {c.split("=", 1)[0]: [] for c in args.configs}
+        for r in range(args.rounds):
+            for c in args.configs:
+                label, binary = c.split("=", 1)
+                proxy = gateway(tmp, f"{label}-{r}", binary, args.threads, backend, "text")
+                try:
+                    time.sleep(args.settle)
+                    times[label].append([timed_request(proxy.port) for _ in range(args.requests)])
+                finally:
+                    proxy.stop()
+        first = args.threads
+        lines = [f"{args.rounds} rounds, {args.requests} requests a start, each on a new "
+                 f"connection, {args.threads} threads or workers; ms", "",
+                 f"| proxy | slowest of the first {first} (median over rounds) | the rest, median "
+                 "| every round's first requests |", "|---|---:|---:|---|"]
+        for label, rounds in times.items():
+            slowest = statistics.median(max(t[:first]) for t in rounds)
+            rest = statistics.median(x for t in rounds for x in t[first:])
+            each = "; ".join(" ".join(f"{x:.1f}" for x in t[:first]) for t in rounds)
+            lines.append(f"| {label} | {slowest:.1f} | {rest:.1f} | {each} |")
+        print("\n".join(lines))
+        with open(os.path.join(args.out, "first-request.md"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+        with open(os.path.join(args.out, "first-request.json"), "w") as f:
+            json.dump({"configs": args.configs, "times": times}, f, indent=1)
+    finally:
+        for s in reversed(servers):
+            s.stop()
+
+
+if __name__ == "__main__":
+    main()
