@@ -13,7 +13,8 @@ beside the builds.
 import argparse, json, os, shutil, statistics, sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run import HERE, SHAPES, gateway_config, nginx_conf, nginx_proxy, wrk, wrk_script  # noqa: E402
+from run import (HERE, SHAPES, fixed_backend, gateway_config, nginx_conf, nginx_proxy,  # noqa: E402
+                 wrk, wrk_script)
 from servers import Server, free_port, prepare  # noqa: E402
 
 
@@ -40,11 +41,8 @@ def main():
     tmp = prepare("proxy-ab", args.out)
     servers = []
     try:
-        backend = free_port()
-        conf = nginx_conf(tmp, "backend", open(os.path.join(HERE, "backend.conf.in")).read()
-                          .replace("@PORT@", str(backend)), 1)
-        servers.append(Server("backend", [shutil.which("nginx") or "/usr/sbin/nginx", "-c", conf],
-                              backend, tmp))
+        servers.append(fixed_backend(tmp, "backend", 1))
+        backend = servers[0].port
         gateways = {}
         for c in args.configs:
             label, rest = c.split("=", 1)

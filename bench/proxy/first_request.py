@@ -8,12 +8,12 @@ Usage: bench/proxy/first_request.py [--rounds 5] [--requests 8] [--threads 2]
                                     [--out DIR] LABEL=BINARY ...
 A BINARY named `nginx` runs nginx as the proxy (the peer); any other is a kvgate build.
 """
-import argparse, http.client, json, os, shutil, statistics, sys, time
+import argparse, http.client, json, os, statistics, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ab import gateway  # noqa: E402
-from run import HERE, nginx_conf  # noqa: E402
-from servers import Server, free_port, prepare  # noqa: E402
+from run import HERE, fixed_backend  # noqa: E402
+from servers import prepare  # noqa: E402
 
 BODY = json.dumps({"model": "bench", "messages": [{"role": "user", "content": "say ok."}],
                    "max_tokens": 8})
@@ -44,11 +44,8 @@ def main():
     tmp = prepare("proxy-first-request", args.out)
     servers = []
     try:
-        backend = free_port()
-        conf = nginx_conf(tmp, "backend", open(os.path.join(HERE, "backend.conf.in")).read()
-                          .replace("@PORT@", str(backend)), 1)
-        servers.append(Server("backend", [shutil.which("nginx") or "/usr/sbin/nginx", "-c", conf],
-                              backend, tmp))
+        servers.append(fixed_backend(tmp, "backend", 1))
+        backend = servers[0].port
         times = {c.split("=", 1)[0]: [] for c in args.configs}
         for r in range(args.rounds):
             for c in args.configs:

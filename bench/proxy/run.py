@@ -159,6 +159,14 @@ def nginx_conf(tmp, name, server_block, workers=1):
     return path
 
 
+def fixed_backend(tmp, name, workers):
+    """nginx answering every request with fixed JSON on a port of its own, started."""
+    port = free_port()
+    conf = nginx_conf(tmp, name, open(os.path.join(HERE, "backend.conf.in")).read()
+                      .replace("@PORT@", str(port)), workers)
+    return Server(name, [shutil.which("nginx") or "/usr/sbin/nginx", "-c", conf], port, tmp)
+
+
 def nginx_proxy(port, backend):
     """The server block of nginx as a proxy on `port` in front of `backend`."""
     return (f"upstream backend {{ server 127.0.0.1:{backend}; keepalive 128; }}\n"
@@ -241,11 +249,8 @@ def main():
     tmp = prepare("proxy-bench", args.out)
     servers = []
     try:
-        fixed_port, stream_port = free_port(), free_port()
-        fixed = nginx_conf(tmp, "backend", open(os.path.join(HERE, "backend.conf.in")).read()
-                           .replace("@PORT@", str(fixed_port)), args.threads)
-        servers.append(Server("backend-fixed", [shutil.which("nginx") or "/usr/sbin/nginx", "-c",
-                                                fixed], fixed_port, tmp))
+        servers.append(fixed_backend(tmp, "backend-fixed", args.threads))
+        fixed_port, stream_port = servers[0].port, free_port()
         servers.append(Server("backend-stream", [KVGATE, "fault-worker", "--port", str(stream_port),
                                                  "--model", "bench", "--stamp-chunks"],
                               stream_port, tmp))
