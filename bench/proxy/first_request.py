@@ -5,7 +5,7 @@ backend, waits for its health checks to settle, and sends requests one at a time
 new connection (so that, with several threads, they land on each), timing each.
 
 Usage: bench/proxy/first_request.py [--rounds 5] [--requests 8] [--threads 2]
-                                    [--out DIR] LABEL=BINARY ...
+                                    [--mode text|token] [--out DIR] LABEL=BINARY ...
 A BINARY named `nginx` runs nginx as the proxy (the peer); any other is a kvgate build.
 """
 import argparse, http.client, json, os, statistics, sys, time
@@ -38,6 +38,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--mode", default="text", choices=["text", "token"])
     ap.add_argument("--settle", type=float, default=1.5, help="seconds after it is healthy")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     args = ap.parse_args()
@@ -50,7 +51,7 @@ def main():
         for r in range(args.rounds):
             for c in args.configs:
                 label, binary = c.split("=", 1)
-                proxy = gateway(tmp, f"{label}-{r}", binary, args.threads, backend, "text")
+                proxy = gateway(tmp, f"{label}-{r}", binary, args.threads, backend, args.mode)
                 try:
                     time.sleep(args.settle)
                     times[label].append([timed_request(proxy.port) for _ in range(args.requests)])
@@ -58,7 +59,7 @@ def main():
                     proxy.stop()
         first = args.threads
         lines = [f"{args.rounds} rounds, {args.requests} requests a start, each on a new "
-                 f"connection, {args.threads} threads or workers; ms", "",
+                 f"connection, {args.threads} threads or workers, {args.mode} mode; ms", "",
                  f"| proxy | slowest of the first {first} (median over rounds) | the rest, median "
                  "| every round's first requests |", "|---|---:|---:|---|"]
         for label, rounds in times.items():
