@@ -10,11 +10,11 @@ e.g. bench/proxy/ab.py before=/tmp/kvgate-before:2 after=target/release/kvgate:2
 A BINARY named `nginx` runs nginx as the proxy (THREADS worker processes), the peer to name
 beside the builds.
 """
-import argparse, json, os, shutil, statistics, sys
+import argparse, os, shutil, statistics, sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from run import (HERE, SHAPES, fixed_backend, gateway_config, nginx_conf, nginx_proxy,  # noqa: E402
-                 wrk, wrk_script)
+                 save, wrk, wrk_script)
 from servers import Server, free_port, prepare  # noqa: E402
 
 
@@ -79,11 +79,8 @@ def main():
             lines.append(f"| {label} | {span(ratio, '.2f')} | {span(diff('p50'), '+.0f')} | "
                          f"{span(diff('cpu_us'), '+.0f')} |")
         print("\n".join(lines))
-        name = f"ab-{args.shape}-{args.mode}"
-        with open(os.path.join(args.out, f"{name}.md"), "w") as f:
-            f.write("\n".join(lines) + "\n")
-        with open(os.path.join(args.out, f"{name}.json"), "w") as f:
-            json.dump({"configs": args.configs, "runs": runs}, f, indent=1)
+        save(args.out, f"ab-{args.shape}-{args.mode}", "\n".join(lines),
+             {"configs": args.configs, "runs": runs})
     finally:
         for s in reversed(servers):
             s.stop()

@@ -8,28 +8,22 @@ Usage: bench/proxy/first_request.py [--rounds 5] [--requests 8] [--threads 2]
                                     [--mode text|token] [--out DIR] LABEL=BINARY ...
 A BINARY named `nginx` runs nginx as the proxy (the peer); any other is a kvgate build.
 """
-import argparse, http.client, json, os, statistics, sys, time
+import argparse, os, statistics, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ab import gateway  # noqa: E402
-from run import HERE, fixed_backend  # noqa: E402
-from servers import prepare  # noqa: E402
+from run import HERE, fixed_backend, save  # noqa: E402
+from servers import post, prepare  # noqa: E402
 
-BODY = json.dumps({"model": "bench", "messages": [{"role": "user", "content": "say ok."}],
-                   "max_tokens": 8})
+BODY = {"model": "bench", "messages": [{"role": "user", "content": "say ok."}], "max_tokens": 8}
 
 
 def timed_request(port):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    """One request on a new connection, in ms."""
     start = time.perf_counter()
-    conn.request("POST", "/v1/chat/completions", BODY, {"Content-Type": "application/json"})
-    answer = conn.getresponse()
-    answer.read()
-    took = (time.perf_counter() - start) * 1e3
-    conn.close()
-    if answer.status != 200:
-        raise SystemExit(f"answered {answer.status}")
-    return took
+    with post(port, "/v1/chat/completions", BODY, timeout=10) as answer:
+        answer.read()
+    return (time.perf_counter() - start) * 1e3
 
 
 def main():
@@ -68,10 +62,7 @@ def main():
             each = "; ".join(" ".join(f"{x:.1f}" for x in t[:first]) for t in rounds)
             lines.append(f"| {label} | {slowest:.1f} | {rest:.1f} | {each} |")
         print("\n".join(lines))
-        with open(os.path.join(args.out, "first-request.md"), "w") as f:
-            f.write("\n".join(lines) + "\n")
-        with open(os.path.join(args.out, "first-request.json"), "w") as f:
-            json.dump({"configs": args.configs, "times": times}, f, indent=1)
+        save(args.out, "first-request", "\n".join(lines), {"configs": args.configs, "times": times})
     finally:
         for s in reversed(servers):
             s.stop()

@@ -221,6 +221,15 @@ def start_proxies(backend, tmp, threads, tag, before):
     return {name: Server(f"{key}-{tag}", cmd, ports[key], tmp) for name, key, cmd in commands}
 
 
+def save(out, name, table, data):
+    """Writes OUT/NAME.md (the table printed) and OUT/NAME.json (every round's figures)."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{name}.md"), "w") as f:
+        f.write(table + "\n")
+    with open(os.path.join(out, f"{name}.json"), "w") as f:
+        json.dump(data, f, indent=1)
+
+
 def added_ratio(shape_medians, proxy, peer, key):
     """What `proxy` adds over direct calls against what `peer` adds; "n/a" where the peer's
     figure is within a microsecond of direct (noise, as a p99 under direct's can be)."""
@@ -333,11 +342,8 @@ def report(args, shapes, names, runs, chunks):
                          f"{statistics.median(c) - base:.0f} |")
     text = "\n".join(lines)
     print(text)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"proxy-threads{args.threads}.md"), "w") as f:
-        f.write(text + "\n")
-    with open(os.path.join(args.out, f"proxy-threads{args.threads}.json"), "w") as f:
-        json.dump({"labels": labels(args), "runs": runs, "chunks": chunks}, f)
+    save(args.out, f"proxy-threads{args.threads}", text,
+         {"labels": labels(args), "runs": runs, "chunks": chunks})
 
 
 if __name__ == "__main__":
