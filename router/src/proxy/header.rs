@@ -83,20 +83,65 @@ pub async fn first_bytes(
         return read.is_ok();
     }
     // What was read is gone with the connection, which closes now.
-    let _ = stream
-        .write_all(
-            b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-        )
-        .await;
+    send_and_close(
+        stream,
+        b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    )
+    .await;
     false
 }
 
 /// Answers a connection past `limits.max_connections` with 503 before it closes (a client that
 /// has sent its request reads it as the answer; a short wait, since nothing is read).
 pub async fn refuse(mut stream: Stream) {
-    let _ = fast_timeout(
-        Duration::from_millis(100),
-        stream.write_all(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"),
-    )
-    .await;
+    send_and_close(&mut stream, b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\nConnection: close\r\n\r\n").await;
+}
+
+/// Writes a last answer, flushed past the connection's write buffer, within a short wait
+/// (nothing is read, so a client that does not read cannot hold the connection).
+async fn send_and_close(stream: &mut Stream, answer: &[u8]) {
+    let send = async {
+        stream.write_all(answer).await?;
+        stream.flush().await
+    };
+    let _ = fast_timeout(Duration::from_millis(100), send).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::write_buffered::WriteBuffered;
+    use pingora_core::protocols::l4::stream::Stream as L4Stream;
+    use std::io::Read;
+
+    /// A served connection whose writes wait in a buffer, as every client connection's do,
+    /// and the client's end.
+    async fn buffered_connection() -> (Stream, std::net::TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (served, _) = listener.accept().await.unwrap();
+        (Box::new(WriteBuffered::new(L4Stream::from(served))), client)
+    }
+
+    fn answer(mut client: std::net::TcpStream) -> String {
+        let mut out = String::new();
+        let _ = client.read_to_string(&mut out);
+        out
+    }
+
+    #[tokio::test]
+    async fn a_silent_connection_reads_its_408_before_it_closes() {
+        let (mut stream, client) = buffered_connection().await;
+        let read = first_bytes(&mut stream, Duration::from_millis(50), || false).await;
+        assert!(!read);
+        drop(stream);
+        assert!(answer(client).starts_with("HTTP/1.1 408"));
+    }
+
+    #[tokio::test]
+    async fn a_connection_past_the_bound_reads_its_503_before_it_closes() {
+        let (stream, client) = buffered_connection().await;
+        refuse(stream).await;
+        assert!(answer(client).starts_with("HTTP/1.1 503"));
+    }
 }

@@ -11,6 +11,7 @@ pub mod request;
 pub mod respond;
 mod this_thread;
 mod upstream_wire;
+mod write_buffered;
 
 use crate::classes::Class;
 use crate::config::PdPool;

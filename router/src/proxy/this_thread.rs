@@ -5,6 +5,7 @@
 //! by another thread has each read dispatched by the accepting thread, which then wakes the
 //! serving one: a thread hand-off per read. Registering the socket again with the serving
 //! thread's runtime, once per connection, keeps every read on the thread that handles it.
+//! The moved connection gets the write buffer the listener would have given it.
 
 use pingora_core::protocols::l4::socket::SocketAddr;
 use pingora_core::protocols::l4::stream::Stream as L4Stream;
@@ -38,7 +39,7 @@ pub fn to_this_thread(stream: Stream) -> Stream {
     let digest = SocketDigest::from_raw_fd(moved.as_raw_fd());
     let _ = digest.peer_addr.set(Some(peer));
     moved.set_socket_digest(digest);
-    Box::new(moved)
+    Box::new(super::write_buffered::WriteBuffered::new(moved))
 }
 
 /// A second descriptor of the connection's socket.
@@ -108,6 +109,32 @@ mod tests {
         // One socket: closing the moved stream ends the client's connection.
         drop(stream);
         assert_eq!(client.read(&mut got).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_moved_connection_sends_what_it_writes_when_flushed_not_before() {
+        let (stream, mut client, _accepting) = accepted_elsewhere();
+        let serving = runtime();
+        let mut stream = serving.block_on(async { to_this_thread(stream) });
+        use std::io::Read;
+        client
+            .set_read_timeout(Some(std::time::Duration::from_millis(200)))
+            .unwrap();
+        let mut got = [0u8; 11];
+        // A response's header and its whole body: written apart, sent together.
+        serving.block_on(async { stream.write_all(b"header ").await.unwrap() });
+        let early = client.read(&mut got).unwrap_err();
+        assert_eq!(
+            early.kind(),
+            std::io::ErrorKind::WouldBlock,
+            "sent before a flush"
+        );
+        serving.block_on(async {
+            stream.write_all(b"body").await.unwrap();
+            stream.flush().await.unwrap();
+        });
+        client.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"header body");
     }
 
     #[test]
