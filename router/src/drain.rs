@@ -7,24 +7,37 @@ use async_trait::async_trait;
 use pingora_core::server::{ShutdownSignal, ShutdownSignalWatch, ShutdownWatch};
 use pingora_core::services::background::BackgroundService;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 /// How long after the last request ends the process takes to exit (buffers flushed).
 const EXIT_POLL: Duration = Duration::from_millis(50);
 
+/// Every request waits for the grace period's end on its thread's own `Notify` (threads past
+/// this many share them): a wait registered on one shared by all threads would move its lock's
+/// cache line between them several times a request.
+const WAIT_SHARDS: usize = 64;
+
+/// A `Notify` on a cache line of its own.
+#[repr(align(128))]
+#[derive(Default)]
+struct Shard(Notify);
+
 pub struct Drain {
     /// When the grace period ends, once a stop has begun.
-    deadline: watch::Sender<Option<Instant>>,
+    deadline: OnceLock<Instant>,
+    /// Woken when a stop begins.
+    stopping: Box<[Shard]>,
     active: AtomicUsize,
 }
 
 impl Default for Drain {
     fn default() -> Self {
         Drain {
-            deadline: watch::Sender::new(None),
+            deadline: OnceLock::new(),
+            stopping: (0..WAIT_SHARDS).map(|_| Shard::default()).collect(),
             active: AtomicUsize::new(0),
         }
     }
@@ -42,25 +55,31 @@ impl Drop for Active<'_> {
 impl Drain {
     /// Starts the grace period (the first stop counts; a second one does not extend it).
     pub fn start(&self, grace: Duration) {
-        self.deadline.send_if_modified(|d| {
-            let first = d.is_none();
-            if first {
-                *d = Some(Instant::now() + grace);
+        if self.deadline.set(Instant::now() + grace).is_ok() {
+            for shard in &self.stopping {
+                shard.0.notify_waiters();
             }
-            first
-        });
+        }
     }
 
     /// Resolves when the grace period is over; never while the gateway is not stopping.
     pub async fn grace_over(&self) {
-        let mut deadline = self.deadline.subscribe();
-        let Ok(at) = deadline.wait_for(Option::is_some).await.map(|d| *d) else {
-            return std::future::pending().await;
+        let stopping = self.stopping[this_thread_shard()].0.notified();
+        tokio::pin!(stopping);
+        // Registered before the deadline is looked at, so a stop beginning between the two
+        // still wakes it.
+        stopping.as_mut().enable();
+        let at = match self.deadline.get() {
+            Some(at) => *at,
+            None => {
+                stopping.await;
+                match self.deadline.get() {
+                    Some(at) => *at,
+                    None => return std::future::pending().await,
+                }
+            }
         };
-        match at {
-            Some(at) => tokio::time::sleep_until(at.into()).await,
-            None => std::future::pending().await,
-        }
+        tokio::time::sleep_until(at.into()).await;
     }
 
     pub fn enter(&self) -> Active<'_> {
@@ -71,6 +90,15 @@ impl Drain {
     fn active(&self) -> usize {
         self.active.load(Ordering::Acquire)
     }
+}
+
+/// This thread's shard of [`Drain::stopping`], drawn in turn at its first wait.
+fn this_thread_shard() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SHARD: usize = NEXT.fetch_add(1, Ordering::Relaxed) % WAIT_SHARDS;
+    }
+    SHARD.with(|shard| *shard)
 }
 
 /// The signals Pingora acts on, with the grace period started first.
@@ -133,5 +161,63 @@ impl BackgroundService for ExitWhenIdle {
             }
             tokio::time::sleep(EXIT_POLL).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+
+    const GRACE: Duration = Duration::from_millis(300);
+
+    fn polled(future: &mut std::pin::Pin<&mut impl Future<Output = ()>>) -> bool {
+        future
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+            == Poll::Ready(())
+    }
+
+    #[tokio::test]
+    async fn a_wait_begun_before_the_stop_ends_with_the_grace_period_not_before() {
+        let drain = Arc::new(Drain::default());
+        let over = drain.grace_over();
+        tokio::pin!(over);
+        assert!(!polled(&mut over));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!polled(&mut over), "over without a stop");
+        // The stop comes from another thread, as a signal's task may run on one.
+        let stopped = Instant::now();
+        let stopper = Arc::clone(&drain);
+        std::thread::spawn(move || stopper.start(GRACE))
+            .join()
+            .unwrap();
+        assert!(!polled(&mut over), "over at the stop");
+        tokio::time::timeout(GRACE * 5, over)
+            .await
+            .expect("woken by the stop, then the grace period's end");
+        assert!(
+            stopped.elapsed() >= GRACE,
+            "over after {:?}",
+            stopped.elapsed()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_wait_begun_during_the_stop_ends_with_its_first_grace_period() {
+        let drain = Drain::default();
+        let stopped = Instant::now();
+        drain.start(GRACE);
+        // A second stop does not extend the first one's grace period.
+        drain.start(GRACE * 100);
+        tokio::time::timeout(GRACE * 5, drain.grace_over())
+            .await
+            .expect("over with the first grace period");
+        assert!(
+            stopped.elapsed() >= GRACE,
+            "over after {:?}",
+            stopped.elapsed()
+        );
     }
 }
