@@ -8,7 +8,7 @@
 use super::answer_end::AnswerEnd;
 use super::gather::gather;
 use super::respond;
-use super::upstream_wire::{self, HOP_BY_HOP};
+use super::upstream_wire;
 use crate::gateway::{Gateway, Route, Snapshot};
 use crate::in_flight::InFlight;
 use crate::replica::Replica;
@@ -384,9 +384,7 @@ impl Forward<'_> {
         replica: &Replica,
         candidate: &Candidate,
     ) -> ResponseHeader {
-        for name in HOP_BY_HOP {
-            header.remove_header(*name);
-        }
+        upstream_wire::drop_hop_by_hop(&mut header);
         if client.is_http2() {
             header.remove_header("transfer-encoding");
         }

@@ -8,6 +8,7 @@ mod gather;
 pub mod header;
 mod in_place;
 pub mod request;
+mod request_id;
 pub mod respond;
 mod this_thread;
 mod upstream_wire;
@@ -30,8 +31,7 @@ use pingora_core::apps::{
 use pingora_core::protocols::http::ServerSession;
 use pingora_core::protocols::Stream;
 use pingora_core::server::ShutdownWatch;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::Instrument;
 
@@ -70,7 +70,7 @@ impl HttpServerApp for ProxyApp {
         // the connection after the response); a stopping gateway keeps none.
         let keep = !*shutdown.borrow() && session.get_keepalive().is_some();
         session.set_keepalive(keep.then_some(header::KEEPALIVE_S));
-        let request_id = request_id(&session);
+        let request_id = request_id::of(&session);
         let span = tracing::info_span!("request", id = %request_id);
         let active = self.gateway.drain.enter();
         let outcome = self
@@ -480,34 +480,4 @@ impl ProxyApp {
 /// The answer to a request still unanswered when a stop's grace period ends.
 pub fn shutting_down() -> ApiError {
     ApiError::new(ErrorKind::Unavailable, "the gateway is shutting down")
-}
-
-/// The client's `x-request-id` if it is sane, else a new one.
-fn request_id(session: &ServerSession) -> String {
-    if let Some(id) = session
-        .get_header("x-request-id")
-        .and_then(|v| v.to_str().ok())
-    {
-        if !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_graphic()) {
-            return id.to_string();
-        }
-    }
-    static PROCESS: OnceLock<u64> = OnceLock::new();
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let process = *PROCESS.get_or_init(|| {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        xxhash_rust::xxh3::xxh3_64(
-            &[
-                nanos.to_le_bytes(),
-                u64::from(std::process::id()).to_le_bytes(),
-            ]
-            .concat(),
-        )
-    });
-    format!(
-        "{process:016x}{:08x}",
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
 }

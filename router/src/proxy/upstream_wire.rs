@@ -3,13 +3,13 @@
 use bytes::BytesMut;
 use pingora_core::protocols::Stream;
 use pingora_core::ErrorType;
-use pingora_http::RequestHeader;
+use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_timeout::fast_timeout::fast_timeout;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 
 /// Headers that describe one connection, not the message: never forwarded.
-pub(super) const HOP_BY_HOP: &[&str] = &[
+const HOP_BY_HOP: &[&str] = &[
     "connection",
     "keep-alive",
     "proxy-connection",
@@ -20,6 +20,20 @@ pub(super) const HOP_BY_HOP: &[&str] = &[
     "upgrade",
     "expect",
 ];
+
+/// A replica's response header less the headers of its connection to the gateway. Only the
+/// names present are removed: removing by name parses and hashes it, nine times a response.
+pub(super) fn drop_hop_by_hop(header: &mut ResponseHeader) {
+    let present: Vec<http::HeaderName> = header
+        .headers
+        .keys()
+        .filter(|name| HOP_BY_HOP.contains(&name.as_str()))
+        .cloned()
+        .collect();
+    for name in present {
+        header.remove_header(&name);
+    }
+}
 
 /// The client's method, `path` and headers (less those of one connection and those set here),
 /// the replica's `authority` as host, the body's length and the request id, then the body.
@@ -84,5 +98,37 @@ pub(super) async fn write(
             e,
         )),
         Err(_) => pingora_core::Error::e_explain(ErrorType::WriteTimedout, "writing the request"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_response_loses_its_connections_headers_and_keeps_the_rest() {
+        let mut header = ResponseHeader::build(200, None).unwrap();
+        for (name, value) in [
+            ("Content-Type", "application/json"),
+            ("Connection", "keep-alive"),
+            ("Keep-Alive", "timeout=5"),
+            ("X-Replica-Note", "kept"),
+            ("Upgrade", "h2c"),
+            ("Proxy-Authenticate", "Basic"),
+            ("Trailer", "x-checksum"),
+        ] {
+            header.append_header(name, value).unwrap();
+        }
+        drop_hop_by_hop(&mut header);
+        let names: Vec<&str> = header.headers.keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["content-type", "x-replica-note"]);
+        // Gone from the header as written too, where the names' case is kept.
+        let mut wire = Vec::new();
+        header.header_to_h1_wire(&mut wire);
+        let wire = String::from_utf8(wire).unwrap();
+        assert_eq!(
+            wire,
+            "Content-Type: application/json\r\nX-Replica-Note: kept\r\n"
+        );
     }
 }
