@@ -172,6 +172,11 @@ mod tests {
 
     const GRACE: Duration = Duration::from_millis(300);
 
+    fn assert_grace_passed(stopped: Instant) {
+        let waited = stopped.elapsed();
+        assert!(waited >= GRACE, "over after {waited:?}");
+    }
+
     fn polled(future: &mut std::pin::Pin<&mut impl Future<Output = ()>>) -> bool {
         future
             .as_mut()
@@ -197,11 +202,7 @@ mod tests {
         tokio::time::timeout(GRACE * 5, over)
             .await
             .expect("woken by the stop, then the grace period's end");
-        assert!(
-            stopped.elapsed() >= GRACE,
-            "over after {:?}",
-            stopped.elapsed()
-        );
+        assert_grace_passed(stopped);
     }
 
     #[tokio::test]
@@ -214,10 +215,6 @@ mod tests {
         tokio::time::timeout(GRACE * 5, drain.grace_over())
             .await
             .expect("over with the first grace period");
-        assert!(
-            stopped.elapsed() >= GRACE,
-            "over after {:?}",
-            stopped.elapsed()
-        );
+        assert_grace_passed(stopped);
     }
 }

@@ -16,6 +16,11 @@ use tokio::io::AsyncWriteExt;
 /// How long a kept-alive connection may idle between requests, in seconds.
 pub const KEEPALIVE_S: u64 = 60;
 
+/// The answers to a connection that sent no request in time, and to one past the bound.
+const TIMED_OUT: &[u8] =
+    b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+const REFUSED: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\nConnection: close\r\n\r\n";
+
 /// Marks a connection handed back for its next request.
 pub struct Reused;
 
@@ -83,18 +88,14 @@ pub async fn first_bytes(
         return read.is_ok();
     }
     // What was read is gone with the connection, which closes now.
-    send_and_close(
-        stream,
-        b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-    )
-    .await;
+    send_and_close(stream, TIMED_OUT).await;
     false
 }
 
 /// Answers a connection past `limits.max_connections` with 503 before it closes (a client that
 /// has sent its request reads it as the answer; a short wait, since nothing is read).
 pub async fn refuse(mut stream: Stream) {
-    send_and_close(&mut stream, b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\nConnection: close\r\n\r\n").await;
+    send_and_close(&mut stream, REFUSED).await;
 }
 
 /// Writes a last answer, flushed past the connection's write buffer, within a short wait

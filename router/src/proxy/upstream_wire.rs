@@ -1,4 +1,5 @@
-//! The request as it goes to a replica, on the wire, and its one write there.
+//! The request as it goes to a replica, on the wire, and its one write there; the replica's
+//! response header less what belongs to that connection.
 
 use bytes::BytesMut;
 use pingora_core::protocols::Stream;
@@ -24,13 +25,8 @@ const HOP_BY_HOP: &[&str] = &[
 /// A replica's response header less the headers of its connection to the gateway. Only the
 /// names present are removed: removing by name parses and hashes it, nine times a response.
 pub(super) fn drop_hop_by_hop(header: &mut ResponseHeader) {
-    let present: Vec<http::HeaderName> = header
-        .headers
-        .keys()
-        .filter(|name| HOP_BY_HOP.contains(&name.as_str()))
-        .cloned()
-        .collect();
-    for name in present {
+    let hop = |name: &&http::HeaderName| HOP_BY_HOP.contains(&name.as_str());
+    while let Some(name) = header.headers.keys().find(hop).cloned() {
         header.remove_header(&name);
     }
 }
