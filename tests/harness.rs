@@ -17,7 +17,7 @@ async fn a_server_whose_port_was_taken_starts_again_on_another() {
         let (proc, port) = start_on_free_port("worker", |port| {
             let mut first = first.lock().unwrap();
             if first.is_none() {
-                *first = Some((port, take(port)));
+                *first = Some((port, take(port).unwrap()));
             }
             let mut cmd = kvgate();
             cmd.args(["fault-worker", "--port", &port.to_string()]);
@@ -37,11 +37,11 @@ async fn a_server_whose_port_was_taken_starts_again_on_another() {
 }
 
 /// Binds `port`, or `None` where another socket holds it already.
-fn take(port: u16) -> Option<TcpListener> {
+fn take(port: u16) -> std::io::Result<Option<TcpListener>> {
     match TcpListener::bind(("127.0.0.1", port)) {
-        Ok(listener) => Some(listener),
-        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => None,
-        Err(e) => panic!("binding 127.0.0.1:{port}: {e}"),
+        Ok(listener) => Ok(Some(listener)),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
