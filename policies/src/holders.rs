@@ -4,63 +4,66 @@
 
 use crate::ReplicaId;
 
+/// A holder: the replica and the tiers it holds the block in.
+pub type Holder = (ReplicaId, u8);
+
+/// In replica order, so that a walk over a prompt's blocks merges each block's holders with
+/// the replicas whose run goes on.
 #[derive(Debug, Clone)]
 pub enum Holders {
-    One(ReplicaId, u8),
-    Many(Vec<(ReplicaId, u8)>),
+    One(Holder),
+    Many(Vec<Holder>),
 }
 
 impl Holders {
     /// The tiers `replica` holds the block in (0: none).
     pub fn tiers(&self, replica: ReplicaId) -> u8 {
-        match self {
-            Holders::One(r, t) => {
-                if *r == replica {
-                    *t
-                } else {
-                    0
-                }
-            }
-            Holders::Many(list) => list.iter().find(|(r, _)| *r == replica).map_or(0, |h| h.1),
-        }
+        let list = self.entries();
+        list.binary_search_by_key(&replica, |h| h.0)
+            .map_or(0, |at| list[at].1)
     }
 
     /// Sets the tiers `replica` holds the block in; 0 removes it.
     pub fn set(&mut self, replica: ReplicaId, tiers: u8) {
-        match self {
-            Holders::One(r, t) if *r == replica => {
-                if tiers == 0 {
-                    *self = Holders::Many(Vec::new());
-                } else {
-                    *t = tiers;
-                }
+        if let Holders::One(one) = *self {
+            if one.0 == replica {
+                *self = match tiers {
+                    0 => Holders::Many(Vec::new()),
+                    _ => Holders::One((replica, tiers)),
+                };
+                return;
             }
-            Holders::One(r, t) => {
-                if tiers != 0 {
-                    *self = Holders::Many(vec![(*r, *t), (replica, tiers)]);
-                }
+            if tiers == 0 {
+                return;
             }
-            Holders::Many(list) => match list.iter().position(|(r, _)| *r == replica) {
-                Some(i) if tiers == 0 => {
-                    list.swap_remove(i);
+            *self = Holders::Many(vec![one]);
+        }
+        if let Holders::Many(list) = self {
+            match list.binary_search_by_key(&replica, |h| h.0) {
+                Ok(at) if tiers == 0 => {
+                    list.remove(at);
                 }
-                Some(i) => list[i].1 = tiers,
-                None if tiers != 0 => list.push((replica, tiers)),
-                None => {}
-            },
+                Ok(at) => list[at].1 = tiers,
+                Err(at) if tiers != 0 => list.insert(at, (replica, tiers)),
+                Err(_) => {}
+            }
         }
     }
 
     pub fn is_empty(&self) -> bool {
-        matches!(self, Holders::Many(list) if list.is_empty())
+        self.entries().is_empty()
+    }
+
+    /// The holders, in replica order.
+    pub fn entries(&self) -> &[Holder] {
+        match self {
+            Holders::One(one) => std::slice::from_ref(one),
+            Holders::Many(list) => list,
+        }
     }
 
     pub fn replicas(&self) -> impl Iterator<Item = ReplicaId> + '_ {
-        let (one, many) = match self {
-            Holders::One(r, _) => (Some(*r), &[][..]),
-            Holders::Many(list) => (None, &list[..]),
-        };
-        one.into_iter().chain(many.iter().map(|h| h.0))
+        self.entries().iter().map(|h| h.0)
     }
 }
 
@@ -71,7 +74,7 @@ mod tests {
     #[test]
     fn grows_and_shrinks() {
         let (a, b) = (ReplicaId(0), ReplicaId(1));
-        let mut h = Holders::One(a, 1);
+        let mut h = Holders::One((a, 1));
         h.set(b, 2);
         h.set(a, 3);
         assert_eq!((h.tiers(a), h.tiers(b)), (3, 2));
@@ -79,7 +82,7 @@ mod tests {
         h.set(a, 0);
         h.set(b, 0);
         assert!(h.is_empty());
-        let mut h = Holders::One(a, 1);
+        let mut h = Holders::One((a, 1));
         h.set(b, 0);
         assert_eq!(h.tiers(a), 1, "removing a non-holder changes nothing");
         h.set(a, 0);

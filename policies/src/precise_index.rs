@@ -12,7 +12,7 @@
 //! Each replica's events apply in sequence; a gap (or no snapshot yet) makes
 //! [`PreciseIndex::apply`] ask for a snapshot, which replaces what the replica held.
 
-use crate::holders::Holders;
+use crate::holders::{Holder, Holders};
 use crate::lru::LruSet;
 use crate::tiers::{tier_bit, HeldByTier, TierValues, DEVICE, DISK, HOST};
 use crate::ReplicaId;
@@ -210,7 +210,7 @@ impl PreciseIndex {
         self.holders
             .entry(hash)
             .and_modify(|h| h.set(replica, tiers))
-            .or_insert(Holders::One(replica, tiers));
+            .or_insert(Holders::One((replica, tiers)));
     }
 
     fn remove(&mut self, replica: ReplicaId, hash: u64, bit: u8) {
@@ -382,32 +382,51 @@ impl PreciseIndex {
         held
     }
 
-    /// Walks the blocks while some replica still holds the whole run.
+    /// Walks the blocks while some replica still holds the whole run, each block's holders
+    /// merged with the replicas whose run goes on (both in replica order): a long prompt the
+    /// whole fleet holds costs blocks x replicas. The runs come in replica order.
     fn runs_from_events(&self, hashes: &[u64]) -> Vec<Run> {
-        let mut runs: Vec<Run> = Vec::new();
-        for (i, hash) in hashes.iter().enumerate() {
+        let Some(first) = hashes.first().and_then(|h| self.holders.get(h)) else {
+            return Vec::new();
+        };
+        let mut runs: Vec<Run> = first
+            .replicas()
+            .map(|replica| Run {
+                replica,
+                value: 0.0,
+                blocks: 0,
+            })
+            .collect();
+        // The runs going on, each with what the last block was worth to it.
+        let mut going: Vec<(usize, f64)> = (0..runs.len()).map(|at| (at, 0.0)).collect();
+        let mut last: &[Holder] = &[];
+        for hash in hashes {
             let Some(holders) = self.holders.get(hash) else {
                 break;
             };
-            if i == 0 {
-                runs.extend(holders.replicas().map(|replica| Run {
-                    replica,
-                    value: 0.0,
-                    blocks: 0,
-                }));
-            }
-            let mut any = false;
-            for run in runs.iter_mut().filter(|r| r.blocks == i) {
-                let value = self
-                    .tier_values(run.replica)
-                    .block_value(holders.tiers(run.replica));
-                if value > 0.0 {
-                    run.value += value;
-                    run.blocks += 1;
-                    any = true;
+            // A long prompt's blocks mostly have the holders of the block before.
+            if holders.entries() == last {
+                for &(at, worth) in &going {
+                    runs[at].value += worth;
+                    runs[at].blocks += 1;
                 }
+                continue;
             }
-            if !any {
+            last = holders.entries();
+            let mut rest = last.iter().peekable();
+            going.retain_mut(|(at, worth)| {
+                let run = &mut runs[*at];
+                while rest.next_if(|h| h.0 < run.replica).is_some() {}
+                let tiers = rest
+                    .peek()
+                    .filter(|h| h.0 == run.replica)
+                    .map_or(0, |h| h.1);
+                *worth = self.tier_values(run.replica).block_value(tiers);
+                run.value += *worth;
+                run.blocks += usize::from(*worth > 0.0);
+                *worth > 0.0
+            });
+            if going.is_empty() {
                 break;
             }
         }
@@ -415,7 +434,8 @@ impl PreciseIndex {
     }
 
     /// Extends runs through the checkpoints guessed for their replica, past the blocks known
-    /// from events (or from the start); a guessed block counts as on the device.
+    /// from events (or from the start); a guessed block counts as on the device. The replicas
+    /// still in the running are merged with each checkpoint's guesses, both in replica order.
     fn extend_by_guesses(
         &self,
         hashes: &[u64],
@@ -425,44 +445,67 @@ impl PreciseIndex {
         matched: &mut [f64],
     ) {
         let n = hashes.len();
-        let known = |r: ReplicaId| runs.iter().find(|x| x.replica == r);
-        let mut alive: Option<Vec<ReplicaId>> = None;
+        let mut guessed: Vec<ReplicaId> = Vec::with_capacity(GUESSES_PER_BLOCK);
+        let mut alive: Option<Vec<Run>> = None;
         for (i, hash) in hashes
             .iter()
             .enumerate()
             .filter(|&(i, _)| is_checkpoint(i, n))
         {
-            let guesses = self.assumed.get(hash).map_or(&[][..], Vec::as_slice);
-            let newest = guesses.iter().max_by_key(|(_, e)| *e).map(|&(g, _)| g);
-            let guessed = |r: ReplicaId| {
-                guesses.iter().any(|&(g, expires)| {
-                    g == r && expires > now_ms && (!only_latest || newest == Some(r))
-                })
-            };
-            let replicas = alive.get_or_insert_with(|| {
-                let mut first: Vec<ReplicaId> = runs.iter().map(|r| r.replica).collect();
-                for &(g, _) in guesses {
-                    if guessed(g) && !first.contains(&g) {
-                        first.push(g);
-                    }
-                }
+            self.live_guesses(hash, now_ms, only_latest, &mut guessed);
+            let alive = alive.get_or_insert_with(|| {
+                let mut first = runs.to_vec();
+                let known = |r: &ReplicaId| runs.binary_search_by_key(r, |x| x.replica).is_ok();
+                first.extend(guessed.iter().filter(|r| !known(r)).map(|&replica| Run {
+                    replica,
+                    value: 0.0,
+                    blocks: 0,
+                }));
+                first.sort_by_key(|r| r.replica);
                 first
             });
-            replicas.retain(|&r| guessed(r) || known(r).is_some_and(|k| k.blocks > i));
-            if replicas.is_empty() {
+            let mut guesses = guessed.iter().peekable();
+            alive.retain(|run| {
+                while guesses.next_if(|&&r| r < run.replica).is_some() {}
+                let is_guessed = guesses.peek() == Some(&&run.replica);
+                if is_guessed {
+                    if let Some(m) = matched.get_mut(run.replica.0 as usize) {
+                        let past_known = i + 1 - run.blocks.min(i + 1);
+                        *m = m.max(run.value + past_known as f64);
+                    }
+                }
+                is_guessed || run.blocks > i
+            });
+            if alive.is_empty() {
                 return;
             }
-            for &r in replicas.iter().filter(|&&r| guessed(r)) {
-                let (value, blocks) = known(r).map_or((0.0, 0), |k| (k.value, k.blocks));
-                if let Some(m) = matched.get_mut(r.0 as usize) {
-                    *m = m.max(value + (i + 1 - blocks.min(i + 1)) as f64);
-                }
-            }
         }
+    }
+
+    /// Into `guessed`, in replica order: the replicas guessed to hold `hash` now (only the
+    /// latest decision's, with `only_latest`).
+    fn live_guesses(
+        &self,
+        hash: &u64,
+        now_ms: u64,
+        only_latest: bool,
+        guessed: &mut Vec<ReplicaId>,
+    ) {
+        guessed.clear();
+        let guesses = self.assumed.get(hash).map_or(&[][..], Vec::as_slice);
+        let newest = guesses.iter().max_by_key(|(_, e)| *e).map(|&(g, _)| g);
+        guessed.extend(
+            guesses
+                .iter()
+                .filter(|&&(g, expires)| expires > now_ms && (!only_latest || newest == Some(g)))
+                .map(|&(g, _)| g),
+        );
+        guessed.sort_unstable();
     }
 }
 
 /// A replica's leading run of a prompt's blocks, from events.
+#[derive(Clone, Copy)]
 struct Run {
     replica: ReplicaId,
     /// Worth in blocks (host blocks count half).

@@ -9,7 +9,7 @@ use kvgate_protocol::HashKeyMap;
 #[derive(Debug, Clone)]
 pub struct ApproxPrefixIndex {
     capacity: usize,
-    /// chunk hash -> replicas believed to hold it.
+    /// chunk hash -> replicas believed to hold it, in replica order.
     holders: HashKeyMap<Vec<ReplicaId>>,
     /// Per replica slot: its remembered chunks.
     per_replica: Vec<LruSet>,
@@ -46,7 +46,10 @@ impl ApproxPrefixIndex {
                 self.remove_holder(evicted, replica);
             }
             if newly_held {
-                self.holders.entry(chunk).or_default().push(replica);
+                let holders = self.holders.entry(chunk).or_default();
+                if let Err(at) = holders.binary_search(&replica) {
+                    holders.insert(at, replica);
+                }
             }
         }
     }
@@ -62,29 +65,24 @@ impl ApproxPrefixIndex {
         }
     }
 
-    /// For each replica holding a leading run of `chunks`, the length of that run.
+    /// For each replica holding a leading run of `chunks`, the length of that run. One walk
+    /// over the chunks with the replicas whose run goes on, each chunk's holders merged with
+    /// them in replica order: a long prompt the whole fleet holds costs chunks x replicas.
     pub fn overlaps(&self, chunks: &[u64]) -> Vec<(ReplicaId, usize)> {
-        let mut matched: Vec<(ReplicaId, usize)> = Vec::new();
-        for (i, chunk) in chunks.iter().enumerate() {
-            let Some(holders) = self.holders.get(chunk) else {
+        let holders = |chunk| self.holders.get(chunk).map_or(&[][..], Vec::as_slice);
+        let Some(first) = chunks.first() else {
+            return Vec::new();
+        };
+        let mut going: Vec<ReplicaId> = holders(first).to_vec();
+        let mut ended = Vec::new();
+        for (i, chunk) in chunks.iter().enumerate().skip(1) {
+            if going.is_empty() {
                 break;
-            };
-            if i == 0 {
-                matched.extend(holders.iter().map(|&r| (r, 1)));
-            } else {
-                let mut extended = false;
-                for m in matched.iter_mut().filter(|m| m.1 == i) {
-                    if holders.contains(&m.0) {
-                        m.1 = i + 1;
-                        extended = true;
-                    }
-                }
-                if !extended {
-                    break;
-                }
             }
+            keep_holders(&mut going, holders(chunk), |r| ended.push((r, i)));
         }
-        matched
+        ended.extend(going.into_iter().map(|r| (r, chunks.len())));
+        ended
     }
 
     fn remove_holder(&mut self, chunk: u64, replica: ReplicaId) {
@@ -97,9 +95,31 @@ impl ApproxPrefixIndex {
     }
 }
 
+/// Keeps in `going` the replicas `holders` lists (both in replica order); `ended` gets the
+/// others.
+fn keep_holders(
+    going: &mut Vec<ReplicaId>,
+    holders: &[ReplicaId],
+    mut ended: impl FnMut(ReplicaId),
+) {
+    if going.as_slice() == holders {
+        return;
+    }
+    let mut rest = holders.iter().peekable();
+    going.retain(|&r| {
+        while rest.next_if(|&&h| h < r).is_some() {}
+        let held = rest.peek() == Some(&&r);
+        if !held {
+            ended(r);
+        }
+        held
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     const A: ReplicaId = ReplicaId(0);
     const B: ReplicaId = ReplicaId(1);
@@ -128,5 +148,30 @@ mod tests {
         idx.clear_replica(A);
         assert_eq!(idx.overlaps(&[2, 3]), vec![(B, 2)]);
         assert_eq!(idx.len(), 2);
+    }
+
+    proptest! {
+        /// Each replica's run is the leading chunks it remembers, whoever else holds them.
+        #[test]
+        fn overlaps_are_each_replicas_leading_run(
+            capacity in 1usize..12,
+            inserts in prop::collection::vec((0u32..6, prop::collection::vec(0u64..8, 0..10)), 0..20),
+            query in prop::collection::vec(0u64..8, 0..10),
+        ) {
+            let mut idx = ApproxPrefixIndex::new(capacity);
+            for (r, chunks) in &inserts {
+                idx.insert(ReplicaId(*r), chunks);
+            }
+            let mut got = idx.overlaps(&query);
+            got.sort();
+            let expected: Vec<(ReplicaId, usize)> = idx
+                .per_replica
+                .iter()
+                .enumerate()
+                .map(|(r, lru)| (ReplicaId(r as u32), query.iter().take_while(|&&c| lru.contains(c)).count()))
+                .filter(|&(_, run)| run > 0)
+                .collect();
+            prop_assert_eq!(got, expected);
+        }
     }
 }

@@ -23,6 +23,19 @@ pub fn prompt(i: usize) -> RequestFeatures {
     }
 }
 
+/// A 64 KB prompt: 256 chunks.
+pub fn long_prompt() -> RequestFeatures {
+    let text = "a long system prompt, ".repeat(64 << 10 >> 4);
+    let text = &text.as_bytes()[..64 << 10];
+    let chunks = text_chunk_hashes(HashSeed::new("bench", None, ""), text, 256);
+    RequestFeatures {
+        ring_key: chunks[0],
+        prompt_tokens: text.len() as u64 / 4,
+        prefix_chunks: chunks,
+        ..RequestFeatures::default()
+    }
+}
+
 /// Token mode: a 4,096-token prompt is 256 blocks of 16 tokens.
 pub const INDEXED_BLOCKS: usize = 1_000_000;
 pub const BLOCKS_PER_PROMPT: usize = 256;
@@ -38,6 +51,25 @@ pub fn token_prompt(i: usize) -> RequestFeatures {
         prompt_tokens: tokens.len() as u64,
         block_hashes: hashes,
         ..RequestFeatures::default()
+    }
+}
+
+/// Token mode: every one of `replicas` replicas holds all of `prompt`'s blocks, as its
+/// KV-event snapshot says.
+pub fn held_everywhere(policy: &mut Policy, replicas: u32, prompt: &RequestFeatures) {
+    for r in 0..replicas {
+        let update = KvUpdate {
+            snapshot: Some(KvSnapshot {
+                version: KV_EVENTS_VERSION,
+                seq: 0,
+                block_size: 16,
+                hashes: prompt.block_hashes.clone(),
+                host_hashes: Vec::new(),
+                disk_hashes: Vec::new(),
+            }),
+            batches: Vec::new(),
+        };
+        policy.apply_kv(ReplicaId(r), &update);
     }
 }
 

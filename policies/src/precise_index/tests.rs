@@ -403,3 +403,80 @@ fn blocks_stored_again_after_their_removal_count_as_recomputed() {
     idx.apply(A, &batches(vec![stored(8, &fresh, Tier::Device)]));
     assert!(idx.recompute_share(A) < share / 2.0);
 }
+
+/// Each replica's worth by the definitions, one replica at a time: its leading run from events
+/// (each block at its tier's value), carried on through the checkpoints guessed for it while
+/// each checkpoint is guessed or within that run.
+fn worth_by_definition(
+    idx: &PreciseIndex,
+    hashes: &[u64],
+    now: u64,
+    only_latest: bool,
+    replica: ReplicaId,
+) -> f64 {
+    let (mut value, mut blocks) = (0.0, 0);
+    for hash in hashes {
+        let tiers = idx.holders.get(hash).map_or(0, |h| h.tiers(replica));
+        let worth = idx.tier_values(replica).block_value(tiers);
+        if worth <= 0.0 {
+            break;
+        }
+        value += worth;
+        blocks += 1;
+    }
+    let mut best = value;
+    for i in (0..hashes.len()).filter(|&i| is_checkpoint(i, hashes.len())) {
+        let guesses = idx.assumed.get(&hashes[i]).map_or(&[][..], Vec::as_slice);
+        let newest = guesses.iter().max_by_key(|(_, e)| *e).map(|&(g, _)| g);
+        let guessed = guesses.iter().any(|&(g, expires)| {
+            g == replica && expires > now && (!only_latest || newest == Some(replica))
+        });
+        if !guessed && blocks <= i {
+            break;
+        }
+        if guessed {
+            best = f64::max(best, value + (i + 1 - blocks.min(i + 1)) as f64);
+        }
+    }
+    best
+}
+
+use proptest::strategy::Strategy;
+
+proptest::proptest! {
+    /// The walk over all replicas at once finds what each replica's own walk finds.
+    #[test]
+    fn overlaps_are_each_replicas_worth(
+        held in proptest::collection::vec(
+            (proptest::collection::vec(0u64..6, 0..10), proptest::collection::vec(0u64..6, 0..4)),
+            4,
+        ),
+        order in proptest::strategy::Just((0..4).collect::<Vec<usize>>()).prop_shuffle(),
+        guesses in proptest::collection::vec(
+            (0u32..4, proptest::collection::vec(0u64..6, 0..12), 0usize..4, 0u64..100),
+            0..12,
+        ),
+        query in proptest::collection::vec(0u64..6, 0..12),
+        now in 0u64..150,
+    ) {
+        let mut idx = PreciseIndex::default();
+        for r in order {
+            let (device, host) = &held[r];
+            let mut update = snapshot(0, device);
+            if let Some(s) = update.snapshot.as_mut() {
+                s.host_hashes = host.clone();
+            }
+            idx.apply(ReplicaId(r as u32), &update);
+        }
+        for (r, hashes, held, at) in &guesses {
+            idx.assume(ReplicaId(*r), hashes, *held, *at, at + 50);
+        }
+        let (mut m, mut latest) = (vec![0.0; 4], vec![0.0; 4]);
+        idx.overlaps_and_latest(&query, now, &mut m, &mut latest);
+        for r in 0..4 {
+            let replica = ReplicaId(r as u32);
+            proptest::prop_assert_eq!(m[r], worth_by_definition(&idx, &query, now, false, replica));
+            proptest::prop_assert_eq!(latest[r], worth_by_definition(&idx, &query, now, true, replica));
+        }
+    }
+}
