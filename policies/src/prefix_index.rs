@@ -33,14 +33,16 @@ impl ApproxPrefixIndex {
         self.len() == 0
     }
 
-    /// Records that `replica` now holds every chunk of `chunks`.
+    /// Records that `replica` now holds every chunk of `chunks`. The head is touched last, so
+    /// that eviction takes a prompt's tail first, as engines evict a prefix: a run shortened
+    /// at its end keeps its worth, one cut at its head has none.
     pub fn insert(&mut self, replica: ReplicaId, chunks: &[u64]) {
         let slot = replica.0 as usize;
         if self.per_replica.len() <= slot {
             self.per_replica
                 .resize_with(slot + 1, || LruSet::new(self.capacity));
         }
-        for &chunk in chunks {
+        for &chunk in chunks.iter().rev() {
             let newly_held = !self.per_replica[slot].contains(chunk);
             if let Some(evicted) = self.per_replica[slot].insert(chunk) {
                 self.remove_holder(evicted, replica);
@@ -143,7 +145,13 @@ mod tests {
         let mut idx = ApproxPrefixIndex::new(2);
         idx.insert(A, &[1, 2, 3]);
         assert_eq!(idx.len(), 2);
-        assert!(idx.overlaps(&[1]).is_empty(), "chunk 1 was evicted");
+        assert_eq!(
+            idx.overlaps(&[1, 2, 3]),
+            vec![(A, 2)],
+            "the tail was evicted"
+        );
+        idx.insert(A, &[4, 5]);
+        assert!(idx.overlaps(&[1]).is_empty(), "the older prompt went first");
         idx.insert(B, &[2, 3]);
         idx.clear_replica(A);
         assert_eq!(idx.overlaps(&[2, 3]), vec![(B, 2)]);
