@@ -6,6 +6,7 @@ pub mod config;
 mod fleet;
 mod fleet_state;
 mod holders;
+mod in_order;
 mod live_histories;
 mod load_cap;
 mod lru;

@@ -13,6 +13,7 @@
 //! [`PreciseIndex::apply`] ask for a snapshot, which replaces what the replica held.
 
 use crate::holders::{Holder, Holders};
+use crate::in_order::InOrder;
 use crate::lru::LruSet;
 use crate::tiers::{tier_bit, HeldByTier, TierValues, DEVICE, DISK, HOST};
 use crate::ReplicaId;
@@ -413,14 +414,10 @@ impl PreciseIndex {
                 continue;
             }
             last = holders.entries();
-            let mut rest = last.iter().peekable();
+            let mut holding = InOrder::new(last, |h| h.0);
             going.retain_mut(|(at, worth)| {
                 let run = &mut runs[*at];
-                while rest.next_if(|h| h.0 < run.replica).is_some() {}
-                let tiers = rest
-                    .peek()
-                    .filter(|h| h.0 == run.replica)
-                    .map_or(0, |h| h.1);
+                let tiers = holding.find(run.replica).map_or(0, |h| h.1);
                 *worth = self.tier_values(run.replica).block_value(tiers);
                 run.value += *worth;
                 run.blocks += usize::from(*worth > 0.0);
@@ -464,10 +461,9 @@ impl PreciseIndex {
                 first.sort_by_key(|r| r.replica);
                 first
             });
-            let mut guesses = guessed.iter().peekable();
+            let mut guesses = InOrder::new(&guessed, |&r| r);
             alive.retain(|run| {
-                while guesses.next_if(|&&r| r < run.replica).is_some() {}
-                let is_guessed = guesses.peek() == Some(&&run.replica);
+                let is_guessed = guesses.find(run.replica).is_some();
                 if is_guessed {
                     if let Some(m) = matched.get_mut(run.replica.0 as usize) {
                         let past_known = i + 1 - run.blocks.min(i + 1);

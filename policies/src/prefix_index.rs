@@ -2,6 +2,7 @@
 //! from the gateway's own routing decisions. Each replica remembers at most `capacity` chunk
 //! hashes (LRU), standing in for the KV cache it cannot see.
 
+use crate::in_order::InOrder;
 use crate::lru::LruSet;
 use crate::ReplicaId;
 use kvgate_protocol::HashKeyMap;
@@ -107,10 +108,9 @@ fn keep_holders(
     if going.as_slice() == holders {
         return;
     }
-    let mut rest = holders.iter().peekable();
+    let mut holders = InOrder::new(holders, |&r| r);
     going.retain(|&r| {
-        while rest.next_if(|&&h| h < r).is_some() {}
-        let held = rest.peek() == Some(&&r);
+        let held = holders.find(r).is_some();
         if !held {
             ended(r);
         }
