@@ -370,13 +370,7 @@ impl PreciseIndex {
         let mut held = HeldByTier::default();
         for hash in hashes {
             let tiers = self.holders.get(hash).map_or(0, |h| h.tiers(replica));
-            if tiers & DEVICE != 0 {
-                held.device += 1;
-            } else if tiers & HOST != 0 {
-                held.host += 1;
-            } else if tiers & DISK != 0 {
-                held.disk += 1;
-            } else {
+            if !held.add(tiers, 1) {
                 break;
             }
         }
@@ -384,50 +378,55 @@ impl PreciseIndex {
     }
 
     /// Walks the blocks while some replica still holds the whole run, each block's holders
-    /// merged with the replicas whose run goes on (both in replica order): a long prompt the
-    /// whole fleet holds costs blocks x replicas. The runs come in replica order.
+    /// merged with the replicas whose run goes on (both in replica order) where they differ
+    /// from the block before's: a long prompt the whole fleet holds costs a lookup a block
+    /// and a merge a change of holders. The runs come in replica order.
     fn runs_from_events(&self, hashes: &[u64]) -> Vec<Run> {
         let Some(first) = hashes.first().and_then(|h| self.holders.get(h)) else {
             return Vec::new();
         };
-        let mut runs: Vec<Run> = first
-            .replicas()
-            .map(|replica| Run {
-                replica,
-                value: 0.0,
-                blocks: 0,
-            })
-            .collect();
-        // The runs going on, each with what the last block was worth to it.
-        let mut going: Vec<(usize, f64)> = (0..runs.len()).map(|at| (at, 0.0)).collect();
+        let replicas: Vec<ReplicaId> = first.replicas().collect();
+        let mut held = vec![HeldByTier::default(); replicas.len()];
+        // The runs going on, each with the tiers of its last block. A long prompt's blocks
+        // mostly have the holders of the block before: those repeats are counted at once.
+        let mut going: Vec<(usize, u8)> = (0..replicas.len()).map(|at| (at, 0)).collect();
         let mut last: &[Holder] = &[];
+        let mut repeats = 0;
         for hash in hashes {
             let Some(holders) = self.holders.get(hash) else {
                 break;
             };
-            // A long prompt's blocks mostly have the holders of the block before.
             if holders.entries() == last {
-                for &(at, worth) in &going {
-                    runs[at].value += worth;
-                    runs[at].blocks += 1;
-                }
+                repeats += 1;
                 continue;
             }
+            for &(at, tiers) in &going {
+                held[at].add(tiers, repeats);
+            }
+            repeats = 0;
             last = holders.entries();
             let mut holding = InOrder::new(last, |h| h.0);
-            going.retain_mut(|(at, worth)| {
-                let run = &mut runs[*at];
-                let tiers = holding.find(run.replica).map_or(0, |h| h.1);
-                *worth = self.tier_values(run.replica).block_value(tiers);
-                run.value += *worth;
-                run.blocks += usize::from(*worth > 0.0);
-                *worth > 0.0
+            going.retain_mut(|(at, tiers)| {
+                let replica = replicas[*at];
+                *tiers = holding.find(replica).map_or(0, |h| h.1);
+                self.tier_values(replica).block_value(*tiers) > 0.0 && held[*at].add(*tiers, 1)
             });
             if going.is_empty() {
                 break;
             }
         }
-        runs
+        for &(at, tiers) in &going {
+            held[at].add(tiers, repeats);
+        }
+        replicas
+            .into_iter()
+            .zip(held)
+            .map(|(replica, held)| Run {
+                replica,
+                value: self.tier_values(replica).run_value(held),
+                blocks: held.blocks(),
+            })
+            .collect()
     }
 
     /// Extends runs through the checkpoints guessed for their replica, past the blocks known

@@ -38,6 +38,13 @@ impl TierValues {
         }
     }
 
+    /// What a run of blocks is worth: each at [`TierValues::block_value`].
+    pub(crate) fn run_value(self, held: HeldByTier) -> f64 {
+        held.device as f64
+            + held.host as f64 * self.block_value(HOST)
+            + held.disk as f64 * self.block_value(DISK)
+    }
+
     /// How much a held block is worth to a request: a device block is reused as it is, a
     /// lower-tier block must first be copied back, which saves part of computing it.
     pub(crate) fn block_value(self, tiers: u8) -> f64 {
@@ -61,4 +68,26 @@ pub struct HeldByTier {
     pub host: usize,
     /// Blocks only in its disk tier.
     pub disk: usize,
+}
+
+impl HeldByTier {
+    /// Counts `n` more blocks in the fastest tier of `tiers`; false (nothing counted) where
+    /// `tiers` names none.
+    pub(crate) fn add(&mut self, tiers: u8, n: usize) -> bool {
+        let count = if tiers & DEVICE != 0 {
+            &mut self.device
+        } else if tiers & HOST != 0 {
+            &mut self.host
+        } else if tiers & DISK != 0 {
+            &mut self.disk
+        } else {
+            return false;
+        };
+        *count += n;
+        true
+    }
+
+    pub(crate) fn blocks(&self) -> usize {
+        self.device + self.host + self.disk
+    }
 }
