@@ -12,7 +12,7 @@
 //! Each replica's events apply in sequence; a gap (or no snapshot yet) makes
 //! [`PreciseIndex::apply`] ask for a snapshot, which replaces what the replica held.
 
-use crate::holders::{Holder, Holders};
+use crate::holders::{holder, replica_of, tiers_of, Holder, Holders};
 use crate::in_order::InOrder;
 use crate::lru::LruSet;
 use crate::tiers::{tier_bit, HeldByTier, TierValues, DEVICE, DISK, HOST};
@@ -211,7 +211,7 @@ impl PreciseIndex {
         self.holders
             .entry(hash)
             .and_modify(|h| h.set(replica, tiers))
-            .or_insert(Holders::One((replica, tiers)));
+            .or_insert(Holders::One(holder(replica, tiers)));
     }
 
     fn remove(&mut self, replica: ReplicaId, hash: u64, bit: u8) {
@@ -405,10 +405,10 @@ impl PreciseIndex {
             }
             repeats = 0;
             last = holders.entries();
-            let mut holding = InOrder::new(last, |h| h.0);
+            let mut holding = InOrder::new(last, |&h| replica_of(h));
             going.retain_mut(|(at, tiers)| {
                 let replica = replicas[*at];
-                *tiers = holding.find(replica).map_or(0, |h| h.1);
+                *tiers = holding.find(replica).map_or(0, |&h| tiers_of(h));
                 self.tier_values(replica).block_value(*tiers) > 0.0 && held[*at].add(*tiers, 1)
             });
             if going.is_empty() {
