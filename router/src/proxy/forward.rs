@@ -252,7 +252,9 @@ impl Forward<'_> {
             let pooled = self.gateway.idle.take(key, max_idle);
             let connected = match pooled {
                 Some(stream) => Ok((stream, true)),
-                None => self.connect(peer).await,
+                // Boxed: connecting (TLS included) is a future of about 9 KB that every
+                // request's state would carry and copy, though most take a pooled connection.
+                None => Box::pin(self.connect(peer)).await,
             };
             let (stream, reused) = match connected {
                 Ok(s) => s,

@@ -324,7 +324,9 @@ impl ProxyApp {
                     request_id,
                     features: &routed.features,
                 };
-                match hand_over.prefill(body, &routed.model, class.as_ref()).await {
+                // Boxed, as a future of about 12 KB that only disaggregated pools await.
+                let prefill = Box::pin(hand_over.prefill(body, &routed.model, class.as_ref()));
+                match prefill.await {
                     Ok(body) => body,
                     Err(answer) => {
                         gateway
