@@ -141,11 +141,15 @@ async fn an_agent_supervises_its_worker_and_the_gateway_follows() {
     gw.wait_ready().await.expect("port taken");
 
     let worker_url = format!("http://127.0.0.1:{worker_port}");
+    // A second gateway, down: the agent still reports to the first, and says there are two.
+    let gateway_down = format!("http://127.0.0.1:{}", free_port());
     let mut cmd = kvgate();
     cmd.args([
         "agent",
         "--gateway",
         &gw.admin(),
+        "--gateway",
+        &gateway_down,
         "--token-file",
         token.to_str().unwrap(),
         "--url",
@@ -177,6 +181,7 @@ async fn an_agent_supervises_its_worker_and_the_gateway_follows() {
     .await;
     let instance = first["agent"]["instance"].as_u64().unwrap();
     assert_eq!(first["models"], serde_json::json!([MODEL]), "{first:#}");
+    assert_eq!(first["agent"]["gateways"], 2, "{first:#}");
     chat_ok(&gw, "hello agent").await;
     // Token mode: the worker's KV events put the prompt's blocks on w0 (guesses expire in
     // 100 ms, so this is the events' doing).
@@ -300,6 +305,30 @@ async fn reports_need_the_token_and_a_known_replica() {
     let mut extra = good.clone();
     extra["surprise"] = true.into();
     assert_eq!(report(&gw.admin(), Some(&bearer), &extra).await.0, 400);
+
+    // An agent says how many gateways it reports to; the gateway counts the most any says.
+    for n in [0, 1_025] {
+        let mut bad = good.clone();
+        bad["gateways"] = n.into();
+        let (s, e) = report(&gw.admin(), Some(&bearer), &bad).await;
+        assert_eq!(s, 400, "{n} gateways: {e}");
+        assert!(e.to_string().contains("gateways"), "{e}");
+    }
+    let mut eight = good.clone();
+    eight["gateways"] = 8.into();
+    assert_eq!(report(&gw.admin(), Some(&bearer), &eight).await.0, 200);
+    assert_eq!(replica(&gw, &w.id()).await.unwrap()["agent"]["gateways"], 8);
+    let explained = explain_chat(&gw, "hello").await;
+    assert_eq!(
+        (
+            explained["gateways"].clone(),
+            explained["gateways_seen"].clone()
+        ),
+        (8.into(), 1.into()),
+        "{explained:#}"
+    );
+    assert_eq!(report(&gw.admin(), Some(&bearer), &good).await.0, 200);
+    assert_eq!(explain_chat(&gw, "hello").await["gateways"], 1);
 
     // KV events: without a snapshot, or after a gap, the gateway asks for a snapshot.
     let mut with_kv = good.clone();

@@ -6,7 +6,9 @@ use crate::gpu::Gpus;
 use crate::http;
 use crate::kv_relay::KvRelay;
 use crate::supervisor::{self, unix_ms, Backoff};
-use kvgate_protocol::telemetry::{ReportReply, TelemetryReport, REPORT_PATH, TELEMETRY_VERSION};
+use kvgate_protocol::telemetry::{
+    ReportReply, TelemetryReport, MAX_GATEWAYS, REPORT_PATH, TELEMETRY_VERSION,
+};
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -39,6 +41,12 @@ pub async fn run(config: AgentConfig) -> Result<(), String> {
     let adapter = adapter::for_engine(&config.engine)?;
     if config.gateways.is_empty() {
         return Err("at least one --gateway is needed".into());
+    }
+    if config.gateways.len() > MAX_GATEWAYS as usize {
+        return Err(format!(
+            "{} gateways given; an agent reports to at most {MAX_GATEWAYS}",
+            config.gateways.len()
+        ));
     }
     if config.token.is_empty() {
         return Err("the token is empty".into());
@@ -106,6 +114,8 @@ async fn push_loop(
     let mut relay = KvRelay::default();
     let gpus = Gpus::open(config.gpus.clone());
     let mut relay_failing = false;
+    // Absent for one, so that a single gateway of an earlier release still takes the reports.
+    let gateways = (config.gateways.len() > 1).then_some(config.gateways.len() as u32);
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
@@ -161,6 +171,7 @@ async fn push_loop(
             load: sample,
             kv,
             gpus: gpus.sample(),
+            gateways,
         };
         let body = serde_json::to_vec(&report).unwrap_or_default();
         // One task per gateway, so that a dead gateway does not delay the others.

@@ -11,7 +11,7 @@ use crate::{
     ReplicaId, ReplicaSpec, ReplicaState, ReplicaView, ReportAges, RequestFeatures, StepClock,
     TierValues,
 };
-use kvgate_protocol::telemetry::{KvUpdate, TelemetryReport};
+use kvgate_protocol::telemetry::{KvUpdate, TelemetryReport, MAX_GATEWAYS};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -76,6 +76,10 @@ pub struct FleetState {
     /// The replica of each request sent and not yet seen to end.
     requests: HashMap<RequestId, ReplicaId>,
     peer_backlogs: PeerBacklogs,
+    /// This gateway and its peers (`peers:`), which tell one another their decisions.
+    peer_group: u32,
+    /// The most gateways any agent says it reports to.
+    reported_gateways: u32,
 }
 
 impl FleetState {
@@ -86,6 +90,8 @@ impl FleetState {
             replicas: Slots::default(),
             requests: HashMap::new(),
             peer_backlogs: PeerBacklogs::default(),
+            peer_group: 1,
+            reported_gateways: 1,
         }
     }
 
@@ -97,9 +103,46 @@ impl FleetState {
         self.ages
     }
 
-    /// How many gateways route to this fleet, this one included: see [`Policy::set_gateways`].
-    pub fn set_gateways(&mut self, gateways: u32) {
-        self.policy.set_gateways(gateways);
+    /// This gateway and its peers, which tell one another their decisions (1 without
+    /// `peers:`). The gateways routing to the fleet are at least these, and as many as any
+    /// agent says it reports to: see [`Policy::set_gateways`].
+    pub fn set_peer_group(&mut self, gateways: u32) {
+        self.peer_group = gateways.max(1);
+        self.update_gateways();
+    }
+
+    /// The gateways routing to this fleet as far as this one knows, itself included.
+    pub fn gateways(&self) -> u32 {
+        self.peer_group.max(self.reported_gateways)
+    }
+
+    /// Of [`FleetState::gateways`], those whose decisions this one sees: itself and its peers.
+    pub fn gateways_seen(&self) -> u32 {
+        self.peer_group
+    }
+
+    fn update_gateways(&mut self) {
+        self.policy.set_gateways(self.gateways(), self.peer_group);
+    }
+
+    /// An agent that said `before` gateways now says `now`: the most any says, found again
+    /// over every agent only where the one that said the most says fewer.
+    fn agent_gateways_changed(&mut self, before: u32, now: u32) {
+        if now >= self.reported_gateways {
+            self.reported_gateways = now;
+        } else if before == self.reported_gateways {
+            self.reported_gateways = self.most_gateways_reported();
+        } else {
+            return;
+        }
+        self.update_gateways();
+    }
+
+    fn most_gateways_reported(&self) -> u32 {
+        self.replicas
+            .iter()
+            .filter_map(|(_, r)| r.agent.as_ref().map(|a| a.gateways))
+            .fold(1, u32::max)
     }
 
     /// New settings; learnt state is kept where it still applies.
@@ -127,6 +170,8 @@ impl FleetState {
         }
         self.replicas = next;
         self.peer_backlogs.clear();
+        self.reported_gateways = self.most_gateways_reported();
+        self.update_gateways();
         let members: Vec<(ReplicaId, &str)> = self
             .replicas
             .iter()
@@ -224,6 +269,8 @@ impl FleetState {
             ),
         };
         let missed = r.agent.as_ref().map_or(0, |a| a.missed) + gap;
+        let gateways_before = r.agent.as_ref().map_or(1, |a| a.gateways);
+        let gateways = report.gateways.unwrap_or(1).clamp(1, MAX_GATEWAYS);
         r.agent = Some(AgentState {
             instance: report.instance,
             seq: report.seq,
@@ -232,7 +279,9 @@ impl FleetState {
             gpus: report.gpus.clone(),
             received_ms: now_ms,
             missed,
+            gateways,
         });
+        self.agent_gateways_changed(gateways_before, gateways);
         if restarted {
             self.policy.forget(id);
         }

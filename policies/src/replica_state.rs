@@ -53,6 +53,8 @@ pub struct AgentState {
     pub received_ms: u64,
     /// Reports that never arrived (gaps in the sequence numbers).
     pub missed: u64,
+    /// The gateways it reports to (1 when it does not say).
+    pub gateways: u32,
 }
 
 /// One replica's live state.

@@ -124,8 +124,10 @@ pub struct Policy {
     /// The sessions' own histories live on each replica.
     live: LiveHistories,
     members: Vec<(ReplicaId, String)>,
-    /// Gateways routing to this fleet, this one included (see [`Policy::set_gateways`]).
+    /// Gateways routing to this fleet, this one included, and how many of them this one
+    /// sees the decisions of (see [`Policy::set_gateways`]).
     gateways: u32,
+    seen_gateways: u32,
 }
 
 impl Policy {
@@ -143,6 +145,7 @@ impl Policy {
             live: LiveHistories::default(),
             members: Vec::new(),
             gateways: 1,
+            seen_gateways: 1,
         }
     }
 
@@ -164,11 +167,14 @@ impl Policy {
         }
     }
 
-    /// How many gateways route to this fleet, this one included (1 unless it knows its
-    /// peers): each counts only its own requests in flight, so each takes its share of the
-    /// fleet-wide floor under the caps (`min_load_cap`).
-    pub fn set_gateways(&mut self, gateways: u32) {
-        self.gateways = gateways.max(1);
+    /// How many gateways route to this fleet, this one included, and how many of them this one
+    /// sees the decisions of (itself and its peers). Each counts only its own requests in
+    /// flight, so each takes its share of the fleet-wide floor under the caps
+    /// (`min_load_cap`); and each counts the recent requests of the gateways it sees, so it
+    /// scales those counts by `gateways / seen` to judge the fleet's traffic (a group's heat).
+    pub fn set_gateways(&mut self, gateways: u32, seen: u32) {
+        self.seen_gateways = seen.max(1);
+        self.gateways = gateways.max(self.seen_gateways);
     }
 
     /// Sets the fleet membership: each replica's slot and its stable name (which places it on

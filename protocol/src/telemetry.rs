@@ -5,7 +5,8 @@ use crate::kv_events::{KvEventBatch, KvSnapshot};
 use serde::{Deserialize, Serialize};
 
 /// The report format this build speaks; a gateway rejects other versions with 400.
-/// Version 2 added `kv` (KV-cache events), `gpus` and the gateway's [`ReportReply`].
+/// Version 2 added `kv` (KV-cache events), `gpus`, the gateway's [`ReportReply`] and, unsaid
+/// for one gateway, `gateways`.
 pub const TELEMETRY_VERSION: u32 = 2;
 
 /// Where a report is posted, on the gateway's admin listener.
@@ -36,7 +37,16 @@ pub struct TelemetryReport {
     /// The agent's GPUs, read through NVML (empty without an NVIDIA driver).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<GpuStats>,
+    /// How many gateways the agent reports to (its `--gateway` list), at most
+    /// [`MAX_GATEWAYS`]: gateways that share no decisions each see only their part of the
+    /// fleet's traffic, and scale what they count of it by this. Absent: one, or the agent
+    /// does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateways: Option<u32>,
 }
+
+/// The most gateways a report may say its agent reports to.
+pub const MAX_GATEWAYS: u32 = 1_024;
 
 /// One GPU's figures at the moment of a report.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -171,6 +181,17 @@ mod tests {
         assert_eq!(
             serde_json::from_str::<TelemetryReport>(&json).ok(),
             Some(r.clone())
+        );
+        // Unsaid, `gateways` is left out, so that a gateway of an earlier release takes it.
+        assert!(!json.contains("gateways"), "{json}");
+        let eight = TelemetryReport {
+            gateways: Some(8),
+            ..r.clone()
+        };
+        let json8 = serde_json::to_string(&eight).unwrap_or_default();
+        assert_eq!(
+            serde_json::from_str::<TelemetryReport>(&json8).ok(),
+            Some(eight)
         );
         assert_eq!(r.load.kv_usage(), 0.25);
         let mut v: serde_json::Value = serde_json::from_str(&json).unwrap_or_default();

@@ -317,6 +317,7 @@ fn status_json(
             "kv_usage": a.load.kv_usage(),
             "adapters": a.load.adapters,
             "gpus": a.gpus,
+            "gateways": a.gateways,
         })
     });
     serde_json::json!({

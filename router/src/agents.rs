@@ -6,7 +6,7 @@
 //! in sequence, the reply asks the agent for a snapshot.
 
 use crate::gateway::Gateway;
-use kvgate_protocol::telemetry::{ReportReply, TelemetryReport, TELEMETRY_VERSION};
+use kvgate_protocol::telemetry::{ReportReply, TelemetryReport, MAX_GATEWAYS, TELEMETRY_VERSION};
 use kvgate_protocol::{ApiError, ErrorKind};
 
 /// Handles one report; returns the status and JSON body to answer with.
@@ -48,6 +48,12 @@ fn accept(
                 "report version {} is not supported (this gateway speaks {TELEMETRY_VERSION})",
                 report.version
             ),
+        ));
+    }
+    if let Some(n) = report.gateways.filter(|n| !(1..=MAX_GATEWAYS).contains(n)) {
+        return Err(ApiError::new(
+            ErrorKind::InvalidRequest,
+            format!("bad report: `gateways` is {n}; 1 to {MAX_GATEWAYS} are accepted"),
         ));
     }
     let replica = gateway.replica_for_report(&report)?;

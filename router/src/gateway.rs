@@ -81,7 +81,7 @@ impl Gateway {
             }]
         })?;
         let mut fleet = FleetState::new(config.policy.clone(), report_ages(&config));
-        fleet.set_gateways(crate::peers::group_size(&config));
+        fleet.set_peer_group(crate::peers::group_size(&config));
         let replicas = build_replicas(&config, &[], &[])?;
         let tokens = read_tokens(&config)?;
         let tokenizers = tokenizers::load(&config, &TokenModes::new())?;
@@ -187,7 +187,7 @@ impl Gateway {
         {
             let mut fleet = self.fleet();
             fleet.set_config(config.policy.clone(), report_ages(&config));
-            fleet.set_gateways(crate::peers::group_size(&config));
+            fleet.set_peer_group(crate::peers::group_size(&config));
         }
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(Snapshot {
             config,
@@ -540,7 +540,7 @@ impl Gateway {
             .map(|c| serde_json::json!({ "replica": name(c.replica), "score": c, "held_blocks": held(c.replica) }))
             .collect();
         Ok(
-            serde_json::json!({ "model": model, "load_bound": decision.load_bound, "hot_group": decision.hot_group, "opens_session": decision.opens_session, "session_past_cache": decision.session_past_cache, "tied": decision.tied, "candidates": candidates }),
+            serde_json::json!({ "model": model, "gateways": fleet.gateways(), "gateways_seen": fleet.gateways_seen(), "load_bound": decision.load_bound, "hot_group": decision.hot_group, "opens_session": decision.opens_session, "session_past_cache": decision.session_past_cache, "tied": decision.tied, "candidates": candidates }),
         )
     }
 }

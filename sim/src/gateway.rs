@@ -70,7 +70,7 @@ impl Gateway {
         };
         let mut fleet = FleetState::new(policy, Some(ages));
         fleet.set_replicas(specs.to_vec());
-        fleet.set_gateways(peers + 1);
+        fleet.set_peer_group(peers + 1);
         let routing = match router {
             Router::Kvgate(_) => Routing::Kvgate,
             Router::RoundRobin => Routing::RoundRobin,

@@ -560,3 +560,36 @@ fn the_tokens_streaming_back_time_a_replicas_steps_at_its_prefill_pace_while_it_
     f.finished(1);
     assert_eq!(wait_at(&f, 16_000), 0);
 }
+
+#[test]
+fn the_gateways_counted_are_the_most_any_agent_reports_to_and_at_least_the_peers() {
+    let mut f = fleet(3);
+    let says = |n: Option<u32>, seq| TelemetryReport {
+        gateways: n,
+        ..report(1, seq, EngineLoad::default())
+    };
+    assert_eq!((f.gateways(), f.gateways_seen()), (1, 1));
+    f.report(ReplicaId(0), &says(Some(4), 1), 0);
+    f.report(ReplicaId(1), &says(Some(8), 1), 0);
+    f.report(ReplicaId(2), &says(None, 1), 0);
+    assert_eq!(f.gateways(), 8);
+    // The agent that said the most says fewer: the most is found again over every agent.
+    f.report(ReplicaId(1), &says(Some(2), 2), 0);
+    assert_eq!(f.gateways(), 4);
+    // A report out of bounds counts as the most there may be.
+    f.report(ReplicaId(2), &says(Some(u32::MAX), 2), 0);
+    assert_eq!(f.gateways(), MAX_GATEWAYS);
+    // Its replica leaves the fleet.
+    f.set_replicas(vec![
+        (ReplicaId(0), spec("r0", &["m"])),
+        (ReplicaId(1), spec("r1", &["m"])),
+    ]);
+    assert_eq!(f.gateways(), 4);
+    // Peers that share their decisions are counted, and seen.
+    f.set_peer_group(6);
+    assert_eq!((f.gateways(), f.gateways_seen()), (6, 6));
+    f.report(ReplicaId(0), &says(None, 2), 0);
+    f.report(ReplicaId(1), &says(None, 3), 0);
+    f.set_peer_group(1);
+    assert_eq!((f.gateways(), f.gateways_seen()), (1, 1));
+}

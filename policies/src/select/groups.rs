@@ -58,17 +58,22 @@ impl Policy {
     pub(super) fn is_hot(&self, g: &GroupHolders, now_ms: u64) -> bool {
         let c = &self.config;
         let half_life = c.traffic_half_life_ms;
-        // The holders' part of the traffic, and the group's count out of `n` requests.
+        // The holders' part of the traffic, and the group's count out of `n` requests, as this
+        // gateway counts them (its own and its peers'). Gateways it does not hear from send
+        // `scale` times as many in all: the request being placed, and the margin of one
+        // request below, are `1 / scale` of what it counts.
         let part = c.hot_group_factor * f64::from(g.holders) / f64::from(g.healthy);
-        let n = self.traffic.total(now_ms, half_life) + 1.0;
+        let scale = self.fleet_count(1.0);
+        let n = self.traffic.total(now_ms, half_life) + 1.0 / scale;
         let share = part * n;
         let count = self.groups.of(g.group, now_ms, half_life);
         // More than their share by more than the count's noise, three standard deviations of
-        // a binomial count (of n requests, each of the group with chance `part`): a few early
-        // requests of one group are not a trend, but a group that is nearly all the traffic
-        // shows it soon.
+        // a binomial count (of n requests, each of the group with chance `part`), and by one of
+        // the fleet's requests: a few early requests of one group are not a trend, but a group
+        // that is nearly all the traffic shows it soon, the sooner the more gateways send it
+        // unseen.
         let noise = 3.0 * (share * (1.0 - part).max(0.0)).sqrt();
-        count > share + noise + 1.0
+        count > share + noise + 1.0 / scale
     }
 
     /// Whether the group recurs enough for a copy of it on each healthy replica to be used
@@ -76,9 +81,16 @@ impl Policy {
     /// short recompute earn `recompute_penalty_full_at`'s lighter penalty; a copy of a group
     /// seen once or twice is a recompute and nothing more.
     pub(super) fn recurs(&self, g: &GroupHolders, now_ms: u64) -> bool {
-        self.groups
-            .of(g.group, now_ms, self.config.traffic_half_life_ms)
-            >= f64::from(g.healthy)
+        let own = self
+            .groups
+            .of(g.group, now_ms, self.config.traffic_half_life_ms);
+        self.fleet_count(own) >= f64::from(g.healthy)
+    }
+
+    /// The fleet's recent requests estimated from those this gateway counted (its own and its
+    /// peers'): the gateways it does not hear from send their part too.
+    fn fleet_count(&self, counted: f64) -> f64 {
+        counted * f64::from(self.gateways) / f64::from(self.seen_gateways)
     }
 
     /// Whether no request of `group` was routed recently (see [`counts_as_new`]).

@@ -17,8 +17,10 @@ impl Sim<'_> {
 
     /// The replica's agent reports (its load and KV events), to arrive after the delay.
     pub(super) fn report(&mut self, replica: usize) {
-        let (report, update) =
+        let (mut report, update) =
             self.replicas[replica].report(&self.config.model, self.config.block_size);
+        // Its agent reports to every gateway, and says how many there are.
+        report.gateways = (self.config.gateways > 1).then_some(self.config.gateways as u32);
         self.reports_in_flight.push_back((replica, report, update));
         let at = self.now_us + self.config.report_delay_ms * 1_000;
         self.push(at, Event::Deliver);

@@ -286,3 +286,32 @@ fn a_prompt_sent_to_several_replicas_counts_on_each_and_heats_its_group_as_befor
     // the traffic are more than one replica's share; three holders' would want more.
     assert!(d.hot_group);
 }
+
+#[test]
+fn a_group_is_hot_sooner_where_other_gateways_route_it_unseen() {
+    // Replica 0 holds the group and has prefill queued; this gateway sent it four requests,
+    // all it sent. Alone, it would take seven to tell a trend. One of eight gateways that
+    // share nothing has likely seen an eighth of the fleet's; with its seven peers telling
+    // it theirs, it has seen them all.
+    let f = prompt(1_000);
+    for ((gateways, seen), hot) in [
+        ((1, 1), false),
+        ((8, 1), true),
+        ((8, 8), false),
+        ((16, 2), true),
+    ] {
+        let mut p = policy_with(4, PolicyConfig::default());
+        p.set_gateways(gateways, seen);
+        for _ in 0..4 {
+            p.record(ReplicaId(0), &f);
+        }
+        let d = p.select(
+            &f,
+            FleetView {
+                replicas: &held_by_first(300, 4),
+            },
+        );
+        assert_eq!(d.hot_group, hot, "{gateways} gateways, {seen} seen");
+        assert_eq!(d.ranked[0].replica != ReplicaId(0), hot, "{d:?}");
+    }
+}

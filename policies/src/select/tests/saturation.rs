@@ -53,7 +53,7 @@ fn below_the_min_load_cap_a_holder_keeps_its_prefix() {
     let held = d.ranked.iter().find(|c| c.replica == owner).unwrap();
     assert!(held.saturated && held.signals[Signal::Prefix] == 0.0);
     // One of four gateways counts a quarter of the fleet's requests: its floor is 8 / 4.
-    p.set_gateways(4);
+    p.set_gateways(4, 4);
     loads[owner.0 as usize] = 2;
     let d = p.select(
         &f,
