@@ -462,6 +462,10 @@ impl Policy {
         };
 
         let w = features.weights.as_ref().unwrap_or(&c.weights);
+        let unseen_cold = (most_held <= 0.0)
+            .then(|| self.unseen_cold_weights(w))
+            .flatten();
+        let w = unseen_cold.as_ref().unwrap_or(w);
         let spread = self.spread(features, most_held <= 0.0, load.healthy);
         let mut ranked: Vec<Candidate> = fleet
             .replicas

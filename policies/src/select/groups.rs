@@ -1,8 +1,9 @@
 //! Prefix groups (a prompt's first `ring_key_chunks` blocks): which replicas hold one, whether
-//! it is hot, whether it is new, and where new groups were placed.
+//! it is hot, whether it is new, where new groups were placed, and how a new one is placed
+//! where other gateways route unseen.
 
 use super::Policy;
-use crate::{FleetView, ReplicaId, RequestFeatures};
+use crate::{FleetView, ReplicaId, RequestFeatures, Signal, Weights};
 
 impl Policy {
     /// The prompt's prefix group: the hash of its first `ring_key_chunks` blocks (or chunks),
@@ -91,6 +92,21 @@ impl Policy {
     /// peers'): the gateways it does not hear from send their part too.
     fn fleet_count(&self, counted: f64) -> f64 {
         counted * f64::from(self.gateways) / f64::from(self.seen_gateways)
+    }
+
+    /// The weights for a prompt no replica holds any of, where other gateways route unseen
+    /// (`None` where none do). Each gateway's spread signal counts its own placements and its
+    /// prefill signal its own backlog, so each would place a new prefix elsewhere, and each
+    /// copy computes it again. The ring's owner, which they all agree on, gets a vote worth one
+    /// prompt's prefill (half the prefill signal's weight: a replica with one prompt more
+    /// queued scores at most half), and the spread none.
+    pub(super) fn unseen_cold_weights(&self, w: &Weights) -> Option<Weights> {
+        (self.gateways > self.seen_gateways).then(|| {
+            let mut agreed = w.clone();
+            agreed.0[Signal::Ring] = w.0[Signal::Ring].max(w.0[Signal::Prefill] / 2.0);
+            agreed.0[Signal::Spread] = 0.0;
+            agreed
+        })
     }
 
     /// Whether no request of `group` was routed recently (see [`counts_as_new`]).

@@ -102,3 +102,47 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_new_prefix_goes_to_its_ring_owner_where_gateways_route_unseen() {
+    // Keys spread over the ring, so that the groups have different owners.
+    let prompt = |g: u64| RequestFeatures {
+        prompt_tokens: 1_000,
+        ring_key: g.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        ..group(g)
+    };
+    let owner = |d: &Decision| {
+        d.ranked
+            .iter()
+            .min_by_key(|c| c.ring_distance)
+            .unwrap()
+            .replica
+    };
+    let mut owners = std::collections::BTreeSet::new();
+    for ((gateways, seen), agreed) in [((1, 1), false), ((8, 8), false), ((8, 1), true)] {
+        let mut p = placed_unevenly();
+        p.set_gateways(gateways, seen);
+        for g in 10..20 {
+            let mut fleet = view(&[0, 0, 0, 0]);
+            let d = p.select(&prompt(g), FleetView { replicas: &fleet });
+            let first = owner(&d);
+            owners.insert(first);
+            let to = if agreed { first } else { ReplicaId(3) };
+            assert_eq!(
+                d.ranked[0].replica, to,
+                "{gateways}/{seen}, group {g}: {d:?}"
+            );
+            if !agreed {
+                continue;
+            }
+            // Its vote is worth one prompt's prefill: less queued there keeps it, more does not.
+            fleet[first.0 as usize].prefill_backlog = 500;
+            let d = p.select(&prompt(g), FleetView { replicas: &fleet });
+            assert_eq!(d.ranked[0].replica, first, "group {g}: {d:?}");
+            fleet[first.0 as usize].prefill_backlog = 3_000;
+            let d = p.select(&prompt(g), FleetView { replicas: &fleet });
+            assert_ne!(d.ranked[0].replica, first, "group {g}: {d:?}");
+        }
+    }
+    assert!(owners.len() > 1, "the groups' owners: {owners:?}");
+}
