@@ -122,8 +122,8 @@ def is_trace(shape):
     return SHAPES[shape][0][1].startswith(("mooncake:", "azure:"))
 
 
-def sim(args, out):
-    done = subprocess.run([KVGATE, "sim", *args, "--out", out], cwd=ROOT, check=True,
+def sim(args, out, binary=None):
+    done = subprocess.run([binary or KVGATE, "sim", *args, "--out", out], cwd=ROOT, check=True,
                           capture_output=True, text=True)
     broken = [line for line in done.stdout.splitlines() if "BROKEN" in line]
     if broken:

@@ -22,7 +22,6 @@ import grid
 CELLS = [("one-system-prompt", 4, 1.1), ("one-system-prompt", 16, 0.6),
          ("one-system-prompt", 16, 0.9), ("4 groups of 2k", 8, 0.6), ("4 groups of 2k", 8, 1.1),
          ("256 groups of 256", 8, 1.1), ("16 groups of 1k", 16, 1.1)]
-KVGATE = grid.KVGATE
 
 
 def run(cell, seed, who, args, caps):
@@ -33,8 +32,8 @@ def run(cell, seed, who, args, caps):
         flags = grid.flags(shape, seed)
         flags[flags.index("--gateways") + 1] = str(gateways)
         flags += grid.load_flags(shape, load, caps[shape])
-        grid.KVGATE = args.baseline if who == "baseline" else KVGATE
-        grid.sim(flags + [a for p in policies for a in ("--policy", p)], path)
+        binary = args.baseline if who == "baseline" else None
+        grid.sim(flags + [a for p in policies for a in ("--policy", p)], path, binary)
     return {p: grid.summary(path, p)["ttft_s"]["p90"] for p in policies}
 
 
@@ -49,8 +48,7 @@ def main():
     with open(os.path.join(args.caps_from, "grid.json")) as f:
         caps = json.load(f)["capacity_rps"]
     seeds = range(1, args.seeds + 1)
-    # One worker: `run` switches the binary grid.sim starts.
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
         work = {(c, s, w): pool.submit(run, c, s, w, args, caps)
                 for c in CELLS for s in seeds for w in ("peers", "kvgate", "baseline")}
         print("| shape | gateways | load | kvgate P90 ÷ best peer's | baseline's |")
