@@ -48,6 +48,13 @@ impl ReplicaView {
     pub fn prefill_ahead(&self) -> u64 {
         self.prefill_backlog.saturating_sub(self.prefill_progress)
     }
+
+    /// Tokens its KV blocks not in use by running requests can take (cached ones give way),
+    /// as its agent last reported (`None` without `kv_usage` and `kv_capacity_tokens`).
+    pub fn kv_room_tokens(&self) -> Option<u64> {
+        let usage = self.kv_usage?.clamp(0.0, 1.0);
+        Some(((1.0 - usage) * self.kv_capacity_tokens? as f64) as u64)
+    }
 }
 
 /// The replicas that may serve this request (those that serve its model), healthy or not.

@@ -77,13 +77,32 @@ pub struct PreciseIndex {
     /// Block hash → (replica, tiers).
     holders: HashKeyMap<Holders>,
     per_replica: Vec<ReplicaBlocks>,
-    /// Checkpoint block hash → (replica, expiry ms) of the routing decisions that sent it,
-    /// until the guess expires; one entry per replica.
-    assumed: HashKeyMap<Vec<(ReplicaId, u64)>>,
+    /// Checkpoint block hash → the guesses of the routing decisions that sent it, until they
+    /// expire; one per replica.
+    assumed: HashKeyMap<Vec<Guess>>,
     /// Guesses in expiry order (expiry, hash), for purging.
     expiries: VecDeque<(u64, u64)>,
     /// Per replica slot: its lower tiers' worth, as its engine measured.
     tier_values: Vec<TierValues>,
+}
+
+/// A routing decision's guess that a replica holds a block.
+#[derive(Debug, Clone, Copy)]
+struct Guess {
+    replica: ReplicaId,
+    expires_ms: u64,
+    /// The replica's events removed the block from its device since the guess was made.
+    evicted: bool,
+}
+
+/// Which guesses count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Guesses {
+    All,
+    /// Only the latest decision's.
+    Latest,
+    /// Only those no later event contradicts.
+    Unevicted,
 }
 
 /// What applying a report's KV update did.
@@ -189,6 +208,7 @@ impl PreciseIndex {
                     }
                     if *tier == Tier::Device {
                         self.replica_mut(replica).note_removed(hashes);
+                        self.note_evicted_guesses(replica, hashes);
                     }
                 }
                 KvEvent::AllCleared => {
@@ -199,6 +219,16 @@ impl PreciseIndex {
             }
         }
         self.replica_mut(replica).seq = Some(batch.seq);
+    }
+
+    fn note_evicted_guesses(&mut self, replica: ReplicaId, hashes: &[u64]) {
+        for h in hashes {
+            if let Some(guesses) = self.assumed.get_mut(h) {
+                for g in guesses.iter_mut().filter(|g| g.replica == replica) {
+                    g.evicted = true;
+                }
+            }
+        }
     }
 
     fn add(&mut self, replica: ReplicaId, hash: u64, bit: u8) {
@@ -258,7 +288,7 @@ impl PreciseIndex {
     pub fn clear_replica(&mut self, replica: ReplicaId) {
         self.clear_blocks(replica);
         self.assumed.retain(|_, guesses| {
-            guesses.retain(|&(r, _)| r != replica);
+            guesses.retain(|g| g.replica != replica);
             !guesses.is_empty()
         });
     }
@@ -288,14 +318,17 @@ impl PreciseIndex {
         for (i, &hash) in hashes.iter().enumerate().skip(held) {
             if is_checkpoint(i, n) {
                 let guesses = self.assumed.entry(hash).or_default();
-                match guesses.iter().position(|&(r, _)| r == replica) {
-                    Some(at) => guesses[at].1 = expires_ms,
-                    None if guesses.len() < GUESSES_PER_BLOCK => {
-                        guesses.push((replica, expires_ms))
-                    }
+                let guess = Guess {
+                    replica,
+                    expires_ms,
+                    evicted: false,
+                };
+                match guesses.iter().position(|g| g.replica == replica) {
+                    Some(at) => guesses[at] = guess,
+                    None if guesses.len() < GUESSES_PER_BLOCK => guesses.push(guess),
                     None => {
-                        if let Some(due) = guesses.iter_mut().min_by_key(|(_, e)| *e) {
-                            *due = (replica, expires_ms);
+                        if let Some(due) = guesses.iter_mut().min_by_key(|g| g.expires_ms) {
+                            *due = guess;
                         }
                     }
                 }
@@ -317,7 +350,7 @@ impl PreciseIndex {
             self.expiries.pop_front();
             // A later decision may have renewed a guess: drop only those due.
             if let Some(guesses) = self.assumed.get_mut(&hash) {
-                guesses.retain(|&(_, e)| e > now_ms);
+                guesses.retain(|g| g.expires_ms > now_ms);
                 if guesses.is_empty() {
                     self.assumed.remove(&hash);
                 }
@@ -331,7 +364,7 @@ impl PreciseIndex {
     /// into `matched`, indexed by replica slot (which must be long enough).
     pub fn overlaps(&self, hashes: &[u64], now_ms: u64, matched: &mut [f64]) {
         let runs = self.runs_from_events(hashes);
-        self.overlaps_from(&runs, hashes, now_ms, false, matched);
+        self.overlaps_from(&runs, hashes, now_ms, Guesses::All, matched);
     }
 
     /// As [`PreciseIndex::overlaps`], and into `latest` the same with only the latest
@@ -344,8 +377,15 @@ impl PreciseIndex {
         latest: &mut [f64],
     ) {
         let runs = self.runs_from_events(hashes);
-        self.overlaps_from(&runs, hashes, now_ms, false, matched);
-        self.overlaps_from(&runs, hashes, now_ms, true, latest);
+        self.overlaps_from(&runs, hashes, now_ms, Guesses::All, matched);
+        self.overlaps_from(&runs, hashes, now_ms, Guesses::Latest, latest);
+    }
+
+    /// As [`PreciseIndex::overlaps`], without the guesses that the replica's events removed
+    /// a block of since they were made.
+    pub fn overlaps_unevicted(&self, hashes: &[u64], now_ms: u64, matched: &mut [f64]) {
+        let runs = self.runs_from_events(hashes);
+        self.overlaps_from(&runs, hashes, now_ms, Guesses::Unevicted, matched);
     }
 
     fn overlaps_from(
@@ -353,7 +393,7 @@ impl PreciseIndex {
         runs: &[Run],
         hashes: &[u64],
         now_ms: u64,
-        only_latest: bool,
+        which: Guesses,
         matched: &mut [f64],
     ) {
         for run in runs {
@@ -361,7 +401,7 @@ impl PreciseIndex {
                 *m = run.value;
             }
         }
-        self.extend_by_guesses(hashes, now_ms, only_latest, runs, matched);
+        self.extend_by_guesses(hashes, now_ms, which, runs, matched);
     }
 
     /// The leading run of `hashes` that `replica`'s KV events say it holds, split by the tier
@@ -436,7 +476,7 @@ impl PreciseIndex {
         &self,
         hashes: &[u64],
         now_ms: u64,
-        only_latest: bool,
+        which: Guesses,
         runs: &[Run],
         matched: &mut [f64],
     ) {
@@ -448,7 +488,7 @@ impl PreciseIndex {
             .enumerate()
             .filter(|&(i, _)| is_checkpoint(i, n))
         {
-            self.live_guesses(hash, now_ms, only_latest, &mut guessed);
+            self.live_guesses(hash, now_ms, which, &mut guessed);
             let alive = alive.get_or_insert_with(|| {
                 let mut first = runs.to_vec();
                 let known = |r: &ReplicaId| runs.binary_search_by_key(r, |x| x.replica).is_ok();
@@ -477,23 +517,25 @@ impl PreciseIndex {
         }
     }
 
-    /// Into `guessed`, in replica order: the replicas guessed to hold `hash` now (only the
-    /// latest decision's, with `only_latest`).
-    fn live_guesses(
-        &self,
-        hash: &u64,
-        now_ms: u64,
-        only_latest: bool,
-        guessed: &mut Vec<ReplicaId>,
-    ) {
+    /// Into `guessed`, in replica order: the replicas guessed to hold `hash` now, of those
+    /// `which` counts.
+    fn live_guesses(&self, hash: &u64, now_ms: u64, which: Guesses, guessed: &mut Vec<ReplicaId>) {
         guessed.clear();
         let guesses = self.assumed.get(hash).map_or(&[][..], Vec::as_slice);
-        let newest = guesses.iter().max_by_key(|(_, e)| *e).map(|&(g, _)| g);
+        let newest = guesses
+            .iter()
+            .max_by_key(|g| g.expires_ms)
+            .map(|g| g.replica);
         guessed.extend(
             guesses
                 .iter()
-                .filter(|&&(g, expires)| expires > now_ms && (!only_latest || newest == Some(g)))
-                .map(|&(g, _)| g),
+                .filter(|g| g.expires_ms > now_ms)
+                .filter(|g| match which {
+                    Guesses::All => true,
+                    Guesses::Latest => newest == Some(g.replica),
+                    Guesses::Unevicted => !g.evicted,
+                })
+                .map(|g| g.replica),
         );
         guessed.sort_unstable();
     }

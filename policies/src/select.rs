@@ -346,6 +346,7 @@ impl Policy {
                 session_past_cache = true;
             }
         }
+        self.drop_evicted_guesses_where_no_room(features, fleet, blocks, &mut matched);
         let load = FleetLoad::of(fleet.replicas.iter(), &matched);
         if load.healthy == 0 {
             return Decision::default();
@@ -583,6 +584,7 @@ fn draw_tie(
 }
 
 mod groups;
+mod kv_room;
 mod session_room;
 
 #[cfg(test)]

@@ -427,9 +427,12 @@ fn worth_by_definition(
     let mut best = value;
     for i in (0..hashes.len()).filter(|&i| is_checkpoint(i, hashes.len())) {
         let guesses = idx.assumed.get(&hashes[i]).map_or(&[][..], Vec::as_slice);
-        let newest = guesses.iter().max_by_key(|(_, e)| *e).map(|&(g, _)| g);
-        let guessed = guesses.iter().any(|&(g, expires)| {
-            g == replica && expires > now && (!only_latest || newest == Some(replica))
+        let newest = guesses
+            .iter()
+            .max_by_key(|g| g.expires_ms)
+            .map(|g| g.replica);
+        let guessed = guesses.iter().any(|g| {
+            g.replica == replica && g.expires_ms > now && (!only_latest || newest == Some(replica))
         });
         if !guessed && blocks <= i {
             break;
@@ -494,4 +497,37 @@ proptest::proptest! {
             proptest::prop_assert!(close(latest[r], only_latest), "{} against {only_latest}", latest[r]);
         }
     }
+}
+
+#[test]
+fn a_guess_whose_block_events_remove_later_counts_only_as_a_guess() {
+    let mut idx = PreciseIndex::default();
+    let prompt: Vec<u64> = (1..=8).collect();
+    idx.apply(A, &snapshot(0, &[]));
+    idx.apply(B, &snapshot(0, &[]));
+    idx.assume(A, &prompt, 0, 100, 3_000);
+    idx.assume(B, &prompt, 0, 100, 3_000);
+    let evicted = |seq| KvEventBatch {
+        version: KV_EVENTS_VERSION,
+        seq,
+        events: vec![KvEvent::Removed {
+            hashes: vec![8],
+            tier: Tier::Device,
+        }],
+    };
+    idx.apply(
+        A,
+        &batches(vec![stored(1, &prompt, Tier::Device), evicted(2)]),
+    );
+    let unevicted = |idx: &PreciseIndex| {
+        let mut m = vec![0.0; 2];
+        idx.overlaps_unevicted(&prompt, 200, &mut m);
+        m
+    };
+    // The guess stands through the eviction; only the unevicted view drops its second stride.
+    assert_eq!(overlaps(&idx, &prompt, 200), vec![8.0, 8.0]);
+    assert_eq!(unevicted(&idx), vec![7.0, 8.0]);
+    // A decision made after the eviction guesses afresh: the prompt is computed there again.
+    idx.assume(A, &prompt, 7, 300, 3_300);
+    assert_eq!(unevicted(&idx), vec![8.0, 8.0]);
 }

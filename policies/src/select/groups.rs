@@ -82,10 +82,15 @@ impl Policy {
     /// short recompute earn `recompute_penalty_full_at`'s lighter penalty; a copy of a group
     /// seen once or twice is a recompute and nothing more.
     pub(super) fn recurs(&self, g: &GroupHolders, now_ms: u64) -> bool {
+        self.group_recurs(g.group, g.healthy, now_ms)
+    }
+
+    /// [`Policy::recurs`] for `group` on a fleet of `healthy` replicas.
+    pub(super) fn group_recurs(&self, group: u64, healthy: u32, now_ms: u64) -> bool {
         let own = self
             .groups
-            .of(g.group, now_ms, self.config.traffic_half_life_ms);
-        self.fleet_count(own) >= f64::from(g.healthy)
+            .of(group, now_ms, self.config.traffic_half_life_ms);
+        self.fleet_count(own) >= f64::from(healthy)
     }
 
     /// The fleet's recent requests estimated from those this gateway counted (its own and its

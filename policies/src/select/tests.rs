@@ -6,6 +6,7 @@ use crate::ReplicaView;
 use proptest::prelude::*;
 
 mod hot_group;
+mod kv_room;
 mod saturation;
 mod session_room;
 mod sessions;
