@@ -5,7 +5,7 @@ use crate::load_cap::{FleetLoad, LoadCaps};
 use crate::prefill::PromptWork;
 use crate::sessions::SessionTable;
 use crate::signal::BySignal;
-use crate::traffic::{GroupTraffic, RecentTraffic};
+use crate::traffic::{GroupTraffic, RecentMean, RecentTraffic};
 use crate::{
     Applied, ApproxPrefixIndex, FleetView, HashRing, PolicyConfig, PreciseIndex, ReplicaId,
     ReplicaView, RequestFeatures, Signal, TierValues,
@@ -123,6 +123,9 @@ pub struct Policy {
     placed: RecentTraffic,
     /// The sessions' own histories live on each replica.
     live: LiveHistories,
+    /// Of the prompts sent where some of them was held, the share held: what a prompt
+    /// shares with those before it, lately.
+    shared_share: RecentMean,
     members: Vec<(ReplicaId, String)>,
     /// Gateways routing to this fleet, this one included, and how many of them this one
     /// sees the decisions of (see [`Policy::set_gateways`]).
@@ -143,6 +146,7 @@ impl Policy {
             groups: GroupTraffic::new(GROUPS_COUNTED),
             placed: RecentTraffic::default(),
             live: LiveHistories::default(),
+            shared_share: RecentMean::default(),
             members: Vec::new(),
             gateways: 1,
             seen_gateways: 1,
@@ -244,6 +248,11 @@ impl Policy {
                     half_life,
                 );
             }
+        }
+        let blocks = features.block_hashes.len();
+        if held > 0 && blocks > 0 {
+            self.shared_share
+                .add(held as f64 / blocks as f64, features.now_ms, half_life);
         }
         let shared = self.shared_part(features);
         if features.block_hashes.is_empty() {
@@ -464,7 +473,7 @@ impl Policy {
 
         let w = features.weights.as_ref().unwrap_or(&c.weights);
         let unseen_cold = (most_held <= 0.0)
-            .then(|| self.unseen_cold_weights(w))
+            .then(|| self.unseen_cold_weights(w, features.now_ms))
             .flatten();
         let w = unseen_cold.as_ref().unwrap_or(w);
         let spread = self.spread(features, most_held <= 0.0, load.healthy);

@@ -81,6 +81,27 @@ impl RecentTraffic {
     }
 }
 
+/// A mean of recent values, each weighed by how recent it is (halved every half-life).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RecentMean {
+    sum: Decayed,
+    count: Decayed,
+}
+
+impl RecentMean {
+    /// Counts a value (at least 0) at `now_ms`.
+    pub fn add(&mut self, value: f64, now_ms: u64, half_life_ms: u64) {
+        self.sum.add(value.max(0.0), now_ms, half_life_ms);
+        self.count.add(1.0, now_ms, half_life_ms);
+    }
+
+    /// The mean at `now_ms` (`None` before the first value).
+    pub fn at(&self, now_ms: u64, half_life_ms: u64) -> Option<f64> {
+        let count = self.count.at(now_ms, half_life_ms);
+        (count > 0.0).then(|| self.sum.at(now_ms, half_life_ms) / count)
+    }
+}
+
 impl GroupTraffic {
     /// Counts at most `capacity` groups, forgetting the least recently routed.
     pub fn new(capacity: usize) -> Self {
@@ -129,6 +150,17 @@ mod tests {
         t.clear(2, 500);
         assert_eq!(t.of(2, 2_000, 500), 0.0);
         assert!((t.total(2_000, 500) - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_recent_mean_weighs_values_by_how_recent_they_are() {
+        let mut m = RecentMean::default();
+        assert_eq!(m.at(0, 1_000), None);
+        m.add(1.0, 0, 1_000);
+        m.add(0.0, 1_000, 1_000);
+        // The first value is worth half the second by then: (0.5 * 1 + 0) / 1.5.
+        assert!((m.at(1_000, 1_000).unwrap_or(0.0) - 1.0 / 3.0).abs() < 1e-12);
+        assert!((m.at(5_000, 1_000).unwrap_or(0.0) - 1.0 / 3.0).abs() < 1e-12);
     }
 
     #[test]

@@ -102,13 +102,21 @@ impl Policy {
     /// The weights for a prompt no replica holds any of, where other gateways route unseen
     /// (`None` where none do). Each gateway's spread signal counts its own placements and its
     /// prefill signal its own backlog, so each would place a new prefix elsewhere, and each
-    /// copy computes it again. The ring's owner, which they all agree on, gets a vote worth one
-    /// prompt's prefill (half the prefill signal's weight: a replica with one prompt more
-    /// queued scores at most half), and the spread none.
-    pub(super) fn unseen_cold_weights(&self, w: &Weights) -> Option<Weights> {
+    /// copy computes again what the prompts share. The ring's owner, which they all agree on,
+    /// gets a vote worth that shared part: `s / (1 + s)` of the prefill signal's weight, `s`
+    /// the share of a prompt that the prompts sent lately found held (1 before any was). On
+    /// an idle fleet it keeps the owner with up to `2 s` prompts queued there. The spread gets
+    /// none.
+    pub(super) fn unseen_cold_weights(&self, w: &Weights, now_ms: u64) -> Option<Weights> {
         (self.gateways > self.seen_gateways).then(|| {
+            let shared = self
+                .shared_share
+                .at(now_ms, self.config.traffic_half_life_ms)
+                .unwrap_or(1.0)
+                .clamp(0.0, 1.0);
             let mut agreed = w.clone();
-            agreed.0[Signal::Ring] = w.0[Signal::Ring].max(w.0[Signal::Prefill] / 2.0);
+            agreed.0[Signal::Ring] =
+                w.0[Signal::Ring].max(w.0[Signal::Prefill] * shared / (1.0 + shared));
             agreed.0[Signal::Spread] = 0.0;
             agreed
         })

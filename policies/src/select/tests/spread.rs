@@ -146,3 +146,53 @@ fn a_new_prefix_goes_to_its_ring_owner_where_gateways_route_unseen() {
     }
     assert!(owners.len() > 1, "the groups' owners: {owners:?}");
 }
+
+#[test]
+fn the_ring_owners_vote_for_a_new_prefix_is_worth_what_prompts_lately_shared() {
+    // Token mode: a new group's prompt of 10 blocks, 1,000 tokens.
+    let prompt = |g: u64| RequestFeatures {
+        prompt_tokens: 1_000,
+        block_hashes: (0..10).map(|b| g << 32 | b).collect(),
+        ring_key: g.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        ..Default::default()
+    };
+    // Where the owner of `g` goes with `backlog` tokens queued there, through 8 gateways
+    // this one does not hear from, after prompts that found `held` of their 10 blocks held.
+    let kept = |held: f64, backlog: u64| {
+        let mut p = policy_with(4, PolicyConfig::default());
+        p.set_gateways(8, 1);
+        if held > 0.0 {
+            let sent = Candidate {
+                replica: ReplicaId(0),
+                total: 0.0,
+                signals: BySignal::default(),
+                ring_distance: 0,
+                saturated: false,
+                load_cap: 0,
+                prefix_blocks: held,
+                prefill_tokens: 0,
+                prefill_backlog: 0,
+                step_wait: 0,
+                in_flight: 0,
+            };
+            p.record_choice(&sent, &prompt(1));
+        }
+        let mut fleet = view(&[0, 0, 0, 0]);
+        let d = p.select(&prompt(7), FleetView { replicas: &fleet });
+        let owner = d
+            .ranked
+            .iter()
+            .min_by_key(|c| c.ring_distance)
+            .unwrap()
+            .replica;
+        fleet[owner.0 as usize].prefill_backlog = backlog;
+        let d = p.select(&prompt(7), FleetView { replicas: &fleet });
+        d.ranked[0].replica == owner
+    };
+    // Before any prompt was found held, the owner is kept with up to two prompts queued.
+    assert!(kept(0.0, 1_500));
+    assert!(!kept(0.0, 2_500));
+    // Prompts lately shared a fifth: up to two fifths of a prompt.
+    assert!(kept(2.0, 200));
+    assert!(!kept(2.0, 700));
+}
