@@ -28,28 +28,26 @@ impl Policy {
             let rest = features.prompt_tokens as f64 * (1.0 - held / blocks.max(1) as f64);
             r.kv_room_tokens().is_some_and(|room| (room as f64) < rest)
         };
-        let held = |r: &ReplicaView| matched.get(r.id.0 as usize).copied().unwrap_or(0.0);
-        let healthy = || fleet.replicas.iter().filter(|r| r.healthy);
-        let (mut any_short, mut any_roomy) = (false, false);
-        for r in healthy() {
-            if lacks_room(r, held(r)) {
-                any_short |= held(r) > 0.0;
-            } else {
-                any_roomy = true;
+        // The replicas that count some of it held but lack room for the rest, and whether
+        // another could take it at once (no allocation unless one lacks room).
+        let (mut short, mut roomy, mut healthy) = (Vec::new(), false, 0);
+        for r in fleet.replicas.iter().filter(|r| r.healthy) {
+            healthy += 1;
+            let held = matched.get(r.id.0 as usize).copied().unwrap_or(0.0);
+            if !lacks_room(r, held) {
+                roomy = true;
+            } else if held > 0.0 {
+                short.push(r.id.0 as usize);
             }
         }
-        if !any_short
-            || !any_roomy
-            || self.group(features).is_some_and(|(g, _)| {
-                self.group_recurs(g, healthy().count() as u32, features.now_ms)
-            })
+        if short.is_empty()
+            || !roomy
+            || self
+                .group(features)
+                .is_some_and(|(g, _)| self.group_recurs(g, healthy, features.now_ms))
         {
             return;
         }
-        let short: Vec<usize> = healthy()
-            .filter(|r| held(r) > 0.0 && lacks_room(r, held(r)))
-            .map(|r| r.id.0 as usize)
-            .collect();
         let mut unevicted = vec![0.0; matched.len()];
         self.precise
             .overlaps_unevicted(&features.block_hashes, features.now_ms, &mut unevicted);
