@@ -28,6 +28,13 @@ pub struct ReplicaView {
     /// prompt tokens at the pace its first tokens have come: a request sent now waits for it
     /// before its prefill starts.
     pub step_wait: u64,
+    /// How often its engine likely ends a running request and frees its KV blocks, in the
+    /// same tokens: its streams' recent length over the requests it runs (0 while unknown).
+    /// Where it has no KV room, each request queued there waits about this long for a start.
+    pub admit_interval: u64,
+    /// Requests its engine likely queues now: those its agent last reported, less one started
+    /// every admit interval since (0 without reports).
+    pub kv_queue: u32,
     /// Its agent's last report is older than the stale threshold: scored down.
     pub stale: bool,
     /// Fraction of its KV blocks in use, as its agent last reported (`None` without reports).

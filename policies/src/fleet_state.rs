@@ -386,6 +386,8 @@ impl FleetState {
                 // At the request's own time, so that the ranking follows from the events.
                 prefill_progress: r.prefill.progress(ask.features.now_ms),
                 step_wait: r.step_wait(ask.features.now_us),
+                admit_interval: r.admit_interval(),
+                kv_queue: r.queued_now(now_ms),
                 stale: r.freshness(self.ages, now_ms) == Freshness::Stale,
                 kv_usage: r.reported_kv_usage(),
                 kv_empty_tokens: self
@@ -502,6 +504,18 @@ impl FleetState {
     /// passes on without this state's lock ([`StepClock::token`]).
     pub fn step_clock(&self, replica: ReplicaId) -> Option<Arc<StepClock>> {
         self.replicas.get(replica).map(|r| Arc::clone(&r.steps))
+    }
+
+    /// The request's stream ran from its first token at `first_us` to its last at `last_us`
+    /// (µs on the gateway's clock): how long its replica's requests hold their KV blocks,
+    /// learnt. Before [`FleetState::finished`].
+    pub fn streamed(&mut self, request: RequestId, first_us: u64, last_us: u64) {
+        let Some(&replica) = self.requests.get(&request) else {
+            return;
+        };
+        if let Some(r) = self.replicas.get_mut(replica) {
+            r.streams.ended(first_us, last_us);
+        }
     }
 
     /// The request ended, whole or not.

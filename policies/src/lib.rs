@@ -21,6 +21,7 @@ mod select;
 mod sessions;
 mod signal;
 mod step_clock;
+mod stream_time;
 mod tiers;
 mod traffic;
 

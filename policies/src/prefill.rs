@@ -19,6 +19,8 @@ pub(crate) struct PromptWork {
     penalty_full_at: u64,
     /// The rest of the step under way counts (see [`PromptWork::without_step_wait`]).
     step_wait: bool,
+    /// The wait for KV room counts (see [`PromptWork::without_kv_wait`]).
+    kv_wait: bool,
 }
 
 impl PromptWork {
@@ -30,6 +32,7 @@ impl PromptWork {
             recompute_penalty: 0.0,
             penalty_full_at: 0,
             step_wait: true,
+            kv_wait: true,
         }
     }
 
@@ -40,6 +43,16 @@ impl PromptWork {
     pub fn without_step_wait(self) -> Self {
         PromptWork {
             step_wait: false,
+            ..self
+        }
+    }
+
+    /// The wait for KV room is not counted: every replica's engine queues, so the fleet is
+    /// short of KV, not one replica, and a prompt moved for its wait only copies its prefix
+    /// into another full cache.
+    pub fn without_kv_wait(self) -> Self {
+        PromptWork {
+            kv_wait: false,
             ..self
         }
     }
@@ -77,8 +90,9 @@ impl PromptWork {
     }
 
     /// The prefill ahead of this request's first token on `r`: its backlog less what it has
-    /// likely computed of it, the rest of the step under way, and the part of the prompt it
-    /// does not hold, that part's recompute of what another holds penalised.
+    /// likely computed of it and the rest of the step under way, or its wait for KV room where
+    /// that is longer; and the part of the prompt it does not hold, that part's recompute of
+    /// what another holds penalised.
     pub fn ahead_on(&self, r: &ReplicaView, held: f64) -> u64 {
         let uncached = self.uncached(held);
         let recompute = uncached.saturating_sub(self.uncached(self.most_held));
@@ -88,10 +102,30 @@ impl PromptWork {
             self.penalty_weight(r, recompute)
         };
         let penalty = (recompute as f64 * self.recompute_penalty * weight).round() as u64;
-        r.prefill_ahead()
-            .saturating_add(self.step_wait_on(r))
+        // Queued prompts are computed while the queue waits for room: whichever is longer.
+        let queued = r.prefill_ahead().saturating_add(self.step_wait_on(r));
+        queued
+            .max(self.kv_wait_on(r, uncached))
             .saturating_add(uncached)
             .saturating_add(penalty)
+    }
+
+    /// The wait for KV room on `r` before a prompt of `uncached` tokens to compute starts
+    /// there. Where its engine queues requests, it admits them, then this one, as its room
+    /// takes them (each counted as long as this one), the rest one running request's end
+    /// apart. With none queued, nothing is counted: an engine that prefills in chunks starts
+    /// a prompt in whatever room it has.
+    pub fn kv_wait_on(&self, r: &ReplicaView, uncached: u64) -> u64 {
+        let Some(room) = r
+            .kv_room_tokens()
+            .filter(|_| self.kv_wait && r.kv_queue > 0)
+        else {
+            return 0;
+        };
+        let admitted_at_once = room / uncached.max(1);
+        (u64::from(r.kv_queue) + 1)
+            .saturating_sub(admitted_at_once)
+            .saturating_mul(r.admit_interval)
     }
 
     /// Whether a copy of the prompt's `uncached` tokens on `r` costs others nothing: nothing
@@ -151,6 +185,8 @@ mod tests {
             prefill_backlog: 0,
             prefill_progress: 0,
             step_wait: 0,
+            admit_interval: 0,
+            kv_queue: 0,
             stale: false,
             kv_usage,
             kv_empty_tokens: None,
@@ -188,6 +224,8 @@ mod tests {
                 prefill_backlog,
                 prefill_progress: 0,
                 step_wait: 0,
+                admit_interval: 0,
+                kv_queue: 0,
                 stale: false,
                 kv_usage: Some(0.5),
                 kv_empty_tokens,
@@ -221,6 +259,47 @@ mod tests {
         // penalty asked for always (`recompute_penalty_full_at: 0`).
         let always = PromptWork::new(1_000, 10).with_recompute_penalty(8.0, 2.0, 0);
         assert_eq!(always.ahead_on(&roomy, 0.0), 1_000 + 2 * 800);
+    }
+
+    #[test]
+    fn the_wait_for_kv_room_counts_in_place_of_the_queue_where_longer() {
+        let queued = |prefill_backlog: u64, waiting: u32| ReplicaView {
+            id: crate::ReplicaId(0),
+            healthy: true,
+            in_flight: 0,
+            max_in_flight: None,
+            waiting,
+            prefill_backlog,
+            prefill_progress: 0,
+            step_wait: 0,
+            admit_interval: 100,
+            kv_queue: waiting,
+            stale: false,
+            kv_usage: Some(0.75),
+            kv_empty_tokens: None,
+            kv_capacity_tokens: Some(1_000),
+            adapter_fit: 0.0,
+        };
+        let w = PromptWork::new(100, 1);
+        // 250 tokens free take 2 of the 4 queued at once; the other 2 and this one wait 100.
+        assert_eq!(w.kv_wait_on(&queued(0, 4), 100), 300);
+        assert_eq!(w.ahead_on(&queued(0, 4), 0.0), 300 + 100);
+        // The queue's prompts are computed during that wait; the longer of the two counts.
+        assert_eq!(w.ahead_on(&queued(200, 4), 0.0), 300 + 100);
+        assert_eq!(w.ahead_on(&queued(500, 4), 0.0), 500 + 100);
+        // Nothing queued, or room for the queue and this one: no wait.
+        assert_eq!(w.kv_wait_on(&queued(0, 0), 100), 0);
+        assert_eq!(w.kv_wait_on(&queued(0, 1), 100), 0);
+        // No KV use reported: unknown, none counted.
+        let unreported = ReplicaView {
+            kv_usage: None,
+            ..queued(0, 4)
+        };
+        assert_eq!(w.kv_wait_on(&unreported, 100), 0);
+        // Not counted at all (every replica queues).
+        let uncounted = w.without_kv_wait();
+        assert_eq!(uncounted.kv_wait_on(&queued(0, 4), 100), 0);
+        assert_eq!(uncounted.ahead_on(&queued(0, 4), 0.0), 100);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use crate::prefill_queue::PrefillQueue;
 use crate::step_clock::StepClock;
+use crate::stream_time::StreamTime;
 use crate::{Candidate, ReplicaId};
 use kvgate_protocol::telemetry::{EngineLoad, GpuStats};
 use serde::Serialize;
@@ -78,6 +79,8 @@ pub struct ReplicaState {
     /// When its engine's step under way likely ends (shared with the proxy threads that see
     /// its tokens: [`crate::FleetState::step_clock`]).
     pub(crate) steps: Arc<StepClock>,
+    /// How long its streams have lately run, first token to last.
+    pub(crate) streams: StreamTime,
     /// The scores of the last request sent to it.
     pub last_decision: Option<Candidate>,
 }
@@ -97,6 +100,7 @@ impl ReplicaState {
             in_flight: 0,
             prefill: PrefillQueue::default(),
             steps: Arc::default(),
+            streams: StreamTime::default(),
             last_decision: None,
         }
     }
@@ -116,6 +120,37 @@ impl ReplicaState {
         }
         let pace = self.prefill.pace().unwrap_or(0.0);
         (self.steps.wait_us(now_us) as f64 / 1_000.0 * pace) as u64
+    }
+
+    /// How often its engine likely ends a running request and frees its KV blocks (ms): its
+    /// streams' recent mean length over the requests its agent last reported running (`None`
+    /// while either is unknown or none run).
+    fn admit_interval_ms(&self) -> Option<f64> {
+        let running = self.agent.as_ref().map_or(0, |a| a.load.running);
+        let stream_us = self.streams.mean_us()?;
+        (running > 0).then(|| stream_us / 1_000.0 / f64::from(running))
+    }
+
+    /// [`ReplicaState::admit_interval_ms`] in prompt tokens at the pace its first tokens have
+    /// come (0 while unknown).
+    pub fn admit_interval(&self) -> u64 {
+        match (self.admit_interval_ms(), self.prefill.pace()) {
+            (Some(ms), Some(pace)) => (ms * pace) as u64,
+            _ => 0,
+        }
+    }
+
+    /// Requests its engine likely queues at `now_ms`: those its agent last reported, less one
+    /// started every admit interval since the report (all of them while that is unknown).
+    pub fn queued_now(&self, now_ms: u64) -> u32 {
+        let Some(agent) = &self.agent else {
+            return 0;
+        };
+        let age_ms = now_ms.saturating_sub(agent.received_ms) as f64;
+        let started = self
+            .admit_interval_ms()
+            .map_or(0.0, |ms| (age_ms / ms.max(0.001)).floor());
+        (f64::from(agent.load.waiting) - started).max(0.0) as u32
     }
 
     /// Models it serves: configured, else discovered; `None` while unknown.

@@ -11,7 +11,8 @@ pub struct InFlight {
     pub id: RequestId,
     prefilled: bool,
     steps: Option<Arc<StepClock>>,
-    /// When its previous chunk arrived (µs): a step before the next.
+    /// When its first and previous chunks arrived (µs): a step before the next.
+    first_chunk_us: Option<u64>,
     last_chunk_us: Option<u64>,
 }
 
@@ -30,12 +31,14 @@ impl InFlight {
             id,
             prefilled: false,
             steps,
+            first_chunk_us: None,
             last_chunk_us: None,
         }
     }
 
     /// A chunk of the answer arrived at `now_us`: its replica ended a step. No lock taken.
     pub fn token(&mut self, now_us: u64) {
+        self.first_chunk_us.get_or_insert(now_us);
         if let Some(steps) = &self.steps {
             steps.token(now_us, self.last_chunk_us.replace(now_us));
         }
@@ -56,7 +59,12 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.lock().finished(self.id);
+        let mut fleet = self.lock();
+        if let (Some(first), Some(last)) = (self.first_chunk_us, self.last_chunk_us) {
+            fleet.streamed(self.id, first, last);
+        }
+        fleet.finished(self.id);
+        drop(fleet);
         self.released.notify_waiters();
     }
 }

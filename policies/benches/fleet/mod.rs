@@ -178,6 +178,8 @@ fn fleet(replicas: u32) -> Vec<ReplicaView> {
             prefill_backlog: u64::from(i % 5) * 1_000,
             prefill_progress: 0,
             step_wait: 0,
+            admit_interval: 0,
+            kv_queue: 0,
             stale: false,
             kv_usage: None,
             kv_empty_tokens: None,

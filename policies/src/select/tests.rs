@@ -7,6 +7,7 @@ use proptest::prelude::*;
 
 mod hot_group;
 mod kv_room;
+mod kv_wait;
 mod saturation;
 mod session_room;
 mod sessions;
@@ -73,6 +74,8 @@ fn view(loads: &[u32]) -> Vec<ReplicaView> {
             prefill_backlog: 0,
             prefill_progress: 0,
             step_wait: 0,
+            admit_interval: 0,
+            kv_queue: 0,
             stale: false,
             kv_usage: None,
             kv_empty_tokens: None,

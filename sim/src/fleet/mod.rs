@@ -508,7 +508,11 @@ impl<'a> Sim<'a> {
         let Some(sent) = self.sent.remove(&id) else {
             return Ok(());
         };
-        self.gateways[sent.gateway].finished(id, sent.replica);
+        let gateway = &mut self.gateways[sent.gateway];
+        if let (Some(first), Some(last)) = (sent.first_us, sent.last_token_us) {
+            gateway.fleet.streamed(id, first, last);
+        }
+        gateway.finished(id, sent.replica);
         self.backlog_changed(sent.gateway);
         if let Some(decode) = sent.hand_to {
             self.hand_over(sent, decode);

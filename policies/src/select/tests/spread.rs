@@ -173,6 +173,7 @@ fn the_ring_owners_vote_for_a_new_prefix_is_worth_what_prompts_lately_shared() {
                 prefill_tokens: 0,
                 prefill_backlog: 0,
                 step_wait: 0,
+                kv_wait: 0,
                 in_flight: 0,
             };
             p.record_choice(&sent, &prompt(1));
