@@ -2,11 +2,12 @@
 
 /// A replica's stable slot in the policy's state (its index in the membership list given to
 /// [`crate::Policy::set_members`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ReplicaId(pub u32);
 
-/// One replica as the gateway sees it at decision time.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// One replica as the gateway sees it at decision time (the default: unhealthy, idle, no
+/// reports).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ReplicaView {
     pub id: ReplicaId,
     /// Passed health checks and not ejected.

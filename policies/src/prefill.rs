@@ -164,6 +164,14 @@ impl PromptWork {
 mod tests {
     use super::*;
 
+    /// An idle healthy replica that reports nothing.
+    fn idle_replica() -> ReplicaView {
+        ReplicaView {
+            healthy: true,
+            ..ReplicaView::default()
+        }
+    }
+
     #[test]
     fn uncached_is_the_share_of_blocks_not_held() {
         let w = PromptWork::new(1_000, 10);
@@ -177,21 +185,8 @@ mod tests {
     #[test]
     fn a_short_recompute_on_a_replica_with_kv_to_spare_is_penalised_in_proportion() {
         let idle = |kv_usage: Option<f64>| ReplicaView {
-            id: crate::ReplicaId(0),
-            healthy: true,
-            in_flight: 0,
-            max_in_flight: None,
-            waiting: 0,
-            prefill_backlog: 0,
-            prefill_progress: 0,
-            step_wait: 0,
-            admit_interval: 0,
-            kv_queue: 0,
-            stale: false,
             kv_usage,
-            kv_empty_tokens: None,
-            kv_capacity_tokens: None,
-            adapter_fit: 0.0,
+            ..idle_replica()
         };
         let roomy = idle(Some(0.1));
         // 1,000 tokens, 10 blocks; another candidate holds 8 of them (800 tokens).
@@ -216,21 +211,11 @@ mod tests {
     fn a_copy_of_a_recurring_prompt_into_an_idle_replicas_empty_blocks_is_not_penalised() {
         let replica =
             |prefill_backlog: u64, waiting: u32, kv_empty_tokens: Option<u64>| ReplicaView {
-                id: crate::ReplicaId(0),
-                healthy: true,
-                in_flight: 0,
-                max_in_flight: None,
                 waiting,
                 prefill_backlog,
-                prefill_progress: 0,
-                step_wait: 0,
-                admit_interval: 0,
-                kv_queue: 0,
-                stale: false,
                 kv_usage: Some(0.5),
                 kv_empty_tokens,
-                kv_capacity_tokens: None,
-                adapter_fit: 0.0,
+                ..idle_replica()
             };
         // 1,000 tokens, 10 blocks; another candidate holds 8 of them; the whole penalty.
         let recurring = PromptWork::new(1_000, 10).with_recompute_penalty(8.0, 2.0, 800);
@@ -264,21 +249,13 @@ mod tests {
     #[test]
     fn the_wait_for_kv_room_counts_in_place_of_the_queue_where_longer() {
         let queued = |prefill_backlog: u64, waiting: u32| ReplicaView {
-            id: crate::ReplicaId(0),
-            healthy: true,
-            in_flight: 0,
-            max_in_flight: None,
             waiting,
             prefill_backlog,
-            prefill_progress: 0,
-            step_wait: 0,
             admit_interval: 100,
             kv_queue: waiting,
-            stale: false,
             kv_usage: Some(0.75),
-            kv_empty_tokens: None,
             kv_capacity_tokens: Some(1_000),
-            adapter_fit: 0.0,
+            ..idle_replica()
         };
         let w = PromptWork::new(100, 1);
         // 250 tokens free take 2 of the 4 queued at once; the other 2 and this one wait 100.

@@ -376,6 +376,8 @@ impl Policy {
         if features.session.is_some() {
             prompt = prompt.without_step_wait();
         }
+        // Every engine queueing is a fleet short of KV, not one replica: a prompt moved for its
+        // wait would only copy its prefix into another full cache.
         if fleet
             .replicas
             .iter()

@@ -173,18 +173,8 @@ fn fleet(replicas: u32) -> Vec<ReplicaView> {
             id: ReplicaId(i),
             healthy: true,
             in_flight: i % 7,
-            max_in_flight: None,
-            waiting: 0,
             prefill_backlog: u64::from(i % 5) * 1_000,
-            prefill_progress: 0,
-            step_wait: 0,
-            admit_interval: 0,
-            kv_queue: 0,
-            stale: false,
-            kv_usage: None,
-            kv_empty_tokens: None,
-            kv_capacity_tokens: None,
-            adapter_fit: 0.0,
+            ..ReplicaView::default()
         })
         .collect()
 }

@@ -69,18 +69,7 @@ fn view(loads: &[u32]) -> Vec<ReplicaView> {
             id: ReplicaId(i as u32),
             healthy: true,
             in_flight: l,
-            max_in_flight: None,
-            waiting: 0,
-            prefill_backlog: 0,
-            prefill_progress: 0,
-            step_wait: 0,
-            admit_interval: 0,
-            kv_queue: 0,
-            stale: false,
-            kv_usage: None,
-            kv_empty_tokens: None,
-            kv_capacity_tokens: None,
-            adapter_fit: 0.0,
+            ..ReplicaView::default()
         })
         .collect()
 }
