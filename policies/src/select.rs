@@ -484,7 +484,7 @@ impl Policy {
                     prefill_tokens: prompt.uncached(held),
                     prefill_backlog: r.prefill_ahead(),
                     step_wait: prompt.step_wait_on(r),
-                    kv_wait: prompt.kv_wait_on(r, prompt.uncached(held)),
+                    kv_wait: prompt.kv_wait_on(r, prompt.uncached(held_or_shared(r, held))),
                     in_flight: r.in_flight,
                 }
             })

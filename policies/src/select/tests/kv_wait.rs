@@ -208,3 +208,32 @@ fn a_queue_reported_counts_whole_while_the_admit_interval_is_unknown() {
         Some(5)
     );
 }
+
+#[test]
+fn the_explained_wait_is_the_one_counted_for_a_hot_group_copied_where_nothing_is_queued() {
+    // A hot group held by three of four replicas: on the fourth, with no prompt queued, its
+    // shared blocks count as held, so only the rest of the prompt waits for KV room (100
+    // tokens free, 2 requests queued, one running request's end every 1,000 tokens).
+    let f = RequestFeatures {
+        prompt_tokens: 1_000,
+        ..features(7, &[1, 2, 3, 4, 5, 6, 7, 8])
+    };
+    let mut p = policy_with(4, PolicyConfig::default());
+    for i in 0..200 {
+        p.record(ReplicaId(i % 3), &f);
+    }
+    let mut fleet = view(&[1, 1, 1, 1]);
+    for r in &mut fleet[..3] {
+        r.prefill_backlog = 300;
+    }
+    let idle = &mut fleet[3];
+    idle.kv_capacity_tokens = Some(10_000);
+    idle.kv_usage = Some(0.99);
+    idle.kv_queue = 2;
+    idle.admit_interval = 1_000;
+    let d = p.select(&f, FleetView { replicas: &fleet });
+    assert!(d.hot_group);
+    let copy = d.ranked.iter().find(|c| c.replica == ReplicaId(3)).unwrap();
+    assert_eq!(copy.prefill_tokens, 1_000);
+    assert_eq!(copy.kv_wait, 0, "{}", copy.breakdown());
+}
