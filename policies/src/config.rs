@@ -43,8 +43,8 @@ pub struct PolicyConfig {
     pub prefix_capacity: usize,
     /// Token mode: a routing decision assumes the chosen replica holds the prompt's blocks for
     /// this long, whatever its KV events show meanwhile: they cover the time until its events
-    /// arrive and, through an eviction, keep the prefix on the replica that computes it again
-    /// (except where that replica lacks KV room another has: `select/kv_room.rs`).
+    /// arrive and, through an eviction, keep a recurring group on the replica that computes it
+    /// again (`select/kv_room.rs`).
     /// `speculative_ttl_ms`, its old name, is still read.
     #[serde(alias = "speculative_ttl_ms")]
     pub assumed_ttl_ms: u64,

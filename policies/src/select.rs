@@ -298,7 +298,7 @@ impl Policy {
                 session_past_cache = true;
             }
         }
-        self.drop_evicted_guesses_where_no_room(features, fleet, blocks, &mut matched);
+        self.drop_evicted_guesses(features, fleet, blocks, &mut matched);
         let load = FleetLoad::of(fleet.replicas.iter(), &matched);
         if load.healthy == 0 {
             return Decision::default();

@@ -1,6 +1,5 @@
-//! A replica without KV room for the rest of a prompt does not count a decision's guess that
-//! its events have since contradicted (an eviction), where another replica has room and the
-//! group does not recur.
+//! A decision's guess that its events have since contradicted (an eviction) counts only for a
+//! group that recurs, or where no replica has KV room for the rest of the prompt.
 
 use super::*;
 use kvgate_protocol::kv_events::{KvEvent, KvEventBatch, KvSnapshot, Tier, KV_EVENTS_VERSION};
@@ -76,18 +75,26 @@ fn events(p: &mut Policy, hashes: &[u64], evicted: bool) {
 /// Where a prompt sharing the first 8 of its 16 blocks with `sent` earlier ones sent to
 /// replica 0 goes, and what replica 0 is counted to hold of it: its events showed the shared
 /// blocks stored and, with `evicted`, removed since; `usage` of its KV is in use, `others` of
-/// the other two's.
-fn second_prompt(sent: u64, evicted: bool, usage: f64, others: f64) -> (ReplicaId, f64) {
+/// the other two's, and `backlog` prompt tokens are queued on it.
+fn second_prompt(
+    sent: u64,
+    evicted: bool,
+    usage: f64,
+    others: f64,
+    backlog: u64,
+) -> (ReplicaId, f64) {
     let mut p = policy_with(3, PolicyConfig::default());
     let first = prompt(16, 16, 0);
     for _ in 0..sent {
         p.record(ReplicaId(0), &first);
     }
     events(&mut p, &first.block_hashes[..8], evicted);
+    let mut replicas = fleet(usage, others);
+    replicas[0].prefill_backlog = backlog;
     let d = p.select(
         &prompt(8, 16, 10),
         FleetView {
-            replicas: &fleet(usage, others),
+            replicas: &replicas,
         },
     );
     let held = d
@@ -99,29 +106,39 @@ fn second_prompt(sent: u64, evicted: bool, usage: f64, others: f64) -> (ReplicaI
 }
 
 #[test]
-fn an_evicted_guess_counts_where_the_rest_of_the_prompt_fits() {
-    // 800 tokens to compute, 5,000 or 1,000 free.
-    assert_eq!(second_prompt(1, true, 0.5, 0.5), (ReplicaId(0), 8.0));
-    assert_eq!(second_prompt(1, true, 0.9, 0.5), (ReplicaId(0), 8.0));
-}
-
-#[test]
-fn an_evicted_guess_does_not_count_where_the_rest_waits_for_room_another_has() {
+fn an_evicted_guess_does_not_count_for_a_group_that_does_not_recur() {
+    // 800 tokens to compute, 5,000 or 1,000 free: the blocks are gone all the same.
+    assert_eq!(second_prompt(1, true, 0.5, 0.5, 0).1, 0.0);
+    assert_eq!(second_prompt(1, true, 0.9, 0.5, 0).1, 0.0);
     // 700 tokens free, 800 to compute: it would wait, then compute the evicted blocks again.
-    let (to, held) = second_prompt(1, true, 0.93, 0.5);
+    let (to, held) = second_prompt(1, true, 0.93, 0.5, 0);
     assert_eq!(held, 0.0);
     assert_ne!(to, ReplicaId(0));
 }
 
 #[test]
-fn a_guess_counts_without_room_where_events_still_show_it_or_no_replica_has_room() {
-    assert_eq!(second_prompt(1, false, 0.93, 0.5), (ReplicaId(0), 8.0));
-    // Nowhere can it start at once: the group stays where it is computed again.
-    assert_eq!(second_prompt(1, true, 0.93, 0.9), (ReplicaId(0), 8.0));
+fn an_evicted_guess_draws_no_request_behind_a_queue_where_the_cache_has_room() {
+    // Counted as held, 800 tokens' recompute elsewhere would cost more than the 1,600 queued.
+    let (to, held) = second_prompt(1, true, 0.5, 0.5, 1_600);
+    assert_eq!(held, 0.0);
+    assert_ne!(to, ReplicaId(0));
+    // While its events still show the blocks, they are worth the wait.
+    assert_eq!(
+        second_prompt(1, false, 0.5, 0.5, 1_600),
+        (ReplicaId(0), 8.0)
+    );
 }
 
 #[test]
-fn an_evicted_guess_counts_without_room_for_a_group_that_recurs() {
+fn a_guess_counts_where_events_still_show_it_or_no_replica_has_room() {
+    assert_eq!(second_prompt(1, false, 0.93, 0.5, 0), (ReplicaId(0), 8.0));
+    // Nowhere can it start at once: the group stays where it is computed again.
+    assert_eq!(second_prompt(1, true, 0.93, 0.9, 0), (ReplicaId(0), 8.0));
+}
+
+#[test]
+fn an_evicted_guess_counts_for_a_group_that_recurs() {
     // Four recent requests on three replicas: copies are used again, so it stays.
-    assert_eq!(second_prompt(4, true, 0.93, 0.5), (ReplicaId(0), 8.0));
+    assert_eq!(second_prompt(4, true, 0.93, 0.5, 0), (ReplicaId(0), 8.0));
+    assert_eq!(second_prompt(4, true, 0.5, 0.5, 0), (ReplicaId(0), 8.0));
 }
