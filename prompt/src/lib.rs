@@ -5,6 +5,7 @@
 
 mod added;
 mod byte_level;
+mod content_splice;
 pub mod gguf;
 mod gguf_write;
 mod request;

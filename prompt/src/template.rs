@@ -5,6 +5,7 @@
 //! Like them, and like llama-cpp-python's Jinja formatter, it injects whatever default system
 //! prompt the template itself adds; llama.cpp's built-in C ChatML function does not.
 
+use crate::content_splice;
 use minijinja::value::{Enumerator, Object};
 use minijinja::{Environment, ErrorKind, Value};
 use std::borrow::Cow;
@@ -74,6 +75,9 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    /// The template uses content as opaque text: long contents are spliced in after the
+    /// render (`content_splice`).
+    splices: bool,
 }
 
 impl ChatTemplate {
@@ -98,11 +102,25 @@ impl ChatTemplate {
         );
         env.add_template_owned("chat", source)
             .map_err(|e| format!("chat template does not parse: {e}"))?;
-        Ok(ChatTemplate {
+        let mut template = ChatTemplate {
             env,
             bos_token,
             eos_token,
-        })
+            splices: false,
+        };
+        // Each probe renders alike both ways (or fails alike), and some render at all.
+        let (mut alike, mut rendered) = (true, false);
+        for conversation in content_splice::PROBES {
+            let messages: Vec<(&str, Cow<'_, str>)> = conversation
+                .iter()
+                .map(|&(r, c)| (r, Cow::from(c)))
+                .collect();
+            let whole = template.render_values(messages.iter().cloned());
+            rendered |= whole.is_ok();
+            alike &= template.render_spliced(&messages) == whole;
+        }
+        template.splices = alike && rendered;
+        Ok(template)
     }
 
     /// The prompt text for `messages`, ending with the assistant's turn opener.
@@ -116,6 +134,37 @@ impl ChatTemplate {
 
     /// As [`ChatTemplate::render`], for messages given as (role, content).
     pub fn render_each<'a>(
+        &self,
+        messages: impl Iterator<Item = (&'a str, Cow<'a, str>)>,
+    ) -> Result<String, RenderError> {
+        if !self.splices {
+            return self.render_values(messages);
+        }
+        let messages: Vec<(&str, Cow<'_, str>)> = messages.collect();
+        let bytes: usize = messages.iter().map(|(_, c)| c.len()).sum();
+        if bytes >= content_splice::SPLICE_FROM_BYTES {
+            if let Ok(text) = self.render_spliced(&messages) {
+                return Ok(text);
+            }
+        }
+        self.render_values(messages.into_iter())
+    }
+
+    /// The render with placeholders for contents, the contents spliced in; an error where the
+    /// placeholders did not come through whole.
+    fn render_spliced(&self, messages: &[(&str, Cow<'_, str>)]) -> Result<String, RenderError> {
+        let placeholders = messages
+            .iter()
+            .enumerate()
+            .map(|(i, (role, _))| (*role, Cow::from(content_splice::placeholder(i))));
+        let rendered = self.render_values(placeholders)?;
+        let contents: Vec<&str> = messages.iter().map(|(_, c)| c.as_ref()).collect();
+        content_splice::splice(&rendered, &contents).ok_or_else(|| {
+            RenderError::Refused("chat template: a content placeholder was cut".into())
+        })
+    }
+
+    fn render_values<'a>(
         &self,
         messages: impl Iterator<Item = (&'a str, Cow<'a, str>)>,
     ) -> Result<String, RenderError> {
@@ -205,6 +254,62 @@ mod tests {
                 "{source}: {err:?}"
             );
         }
+    }
+
+    /// ChatML as SmolLM2's template writes it: each turn joined with `+`.
+    const CHATML: &str = "{% for message in messages %}\
+        {{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}\
+        {% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    fn whole(template: &ChatTemplate, messages: &[TemplateMessage]) -> String {
+        let pairs = messages
+            .iter()
+            .map(|m| (m.role.as_str(), Cow::from(m.content.as_str())));
+        template.render_values(pairs).unwrap()
+    }
+
+    #[test]
+    fn a_template_that_joins_contents_has_them_spliced_in_and_renders_as_whole() {
+        let template = ChatTemplate::new(CHATML.into(), String::new(), String::new()).unwrap();
+        assert!(template.splices);
+        let long = format!(" {}\n", "word ".repeat(2_000));
+        let messages = [
+            message("system", &long),
+            message("user", " hi "),
+            message("assistant", ""),
+        ];
+        let text = template.render(&messages).unwrap();
+        assert_eq!(text, whole(&template, &messages));
+        assert!(text.starts_with("<|im_start|>system\n word word"));
+        assert!(text.ends_with("<|im_start|>user\n hi <|im_end|>\n<|im_start|>assistant\n<|im_end|>\n<|im_start|>assistant\n"));
+    }
+
+    #[test]
+    fn a_template_that_reads_contents_renders_them_whole() {
+        for source in [
+            "{% for m in messages %}{{ m.content.strip() }}{% endfor %}",
+            "{% for m in messages %}{% if m.content.startswith('<think>') %}T{% endif %}{{ m.content }}{% endfor %}",
+            "{% for m in messages %}{% if '</think>' in m.content %}{{ m.content.split('</think>')[-1] }}{% else %}{{ m.content }}{% endif %}{% endfor %}",
+            "{% for m in messages %}{{ m.content | length }}{{ m.content }}{% endfor %}",
+            "{% for m in messages %}{{ m.content[:3] }}{% endfor %}",
+            "{% for m in messages %}{{ m.content | upper }}{% endfor %}",
+        ] {
+            let template = ChatTemplate::new(source.into(), String::new(), String::new()).unwrap();
+            assert!(!template.splices, "{source}");
+            let long = format!("  <think>{}</think>tail  ", "x".repeat(2_000));
+            let messages = [message("user", &long)];
+            assert_eq!(template.render(&messages).unwrap(), whole(&template, &messages));
+        }
+    }
+
+    #[test]
+    fn a_content_that_holds_a_placeholder_renders_whole() {
+        let template = ChatTemplate::new(CHATML.into(), String::new(), String::new()).unwrap();
+        let odd = format!("{}{}", "x".repeat(2_000), content_splice::placeholder(0));
+        let messages = [message("user", "first"), message("user", &odd)];
+        let text = template.render(&messages).unwrap();
+        assert_eq!(text, whole(&template, &messages));
+        assert!(text.contains(&content_splice::placeholder(0)));
     }
 
     #[test]

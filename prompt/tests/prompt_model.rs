@@ -440,11 +440,17 @@ proptest! {
     #[test]
     fn the_chat_template_renders_as_with_serialised_messages(
         messages in prop::collection::vec(
-            (prop::sample::select(vec!["system", "user", "assistant"]), 0..PIECES.len()),
+            (prop::sample::select(vec!["system", "user", "assistant"]), 0..PIECES.len(), 1..80usize),
             1..6,
         )
     ) {
-        let messages: Vec<(&str, &str)> = messages.iter().map(|&(r, i)| (r, PIECES[i])).collect();
+        // Repeated, some conversations pass the length from which contents are spliced in.
+        let contents: Vec<String> = messages.iter().map(|&(_, i, n)| PIECES[i].repeat(n)).collect();
+        let messages: Vec<(&str, &str)> = messages
+            .iter()
+            .zip(&contents)
+            .map(|(&(r, _, _), c)| (r, c.as_str()))
+            .collect();
         let template = model().template.as_ref().unwrap();
         let ours = template
             .render(
