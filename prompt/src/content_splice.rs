@@ -35,8 +35,8 @@ pub(crate) fn splice(rendered: &str, contents: &[&str]) -> Option<String> {
 }
 
 /// Conversations whose contents a template that transforms or tests content renders otherwise
-/// than a placeholder: padded with whitespace and newlines, empty, a question, reasoning and
-/// tool-call tags, upper case, a long one.
+/// than a placeholder: padded with whitespace and newlines, empty, a question, upper case,
+/// with reasoning, tool-call and instruction tags.
 pub(crate) const PROBES: &[&[(&str, &str)]] = &[
     &[
         ("system", " You are a helpful assistant.\n"),
