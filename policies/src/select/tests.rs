@@ -97,6 +97,20 @@ fn features(key: u64, chunks: &[u64]) -> RequestFeatures {
     }
 }
 
+/// A group hot on three of four replicas, each of them 300 prompt tokens behind: 200 of its
+/// requests recorded there, and the fleet as reported (the fourth idle).
+fn hot_on_three_of_four(f: &RequestFeatures) -> (Policy, Vec<ReplicaView>) {
+    let mut p = policy_with(4, PolicyConfig::default());
+    for i in 0..200 {
+        p.record(ReplicaId(i % 3), f);
+    }
+    let mut fleet = view(&[1, 1, 1, 1]);
+    for r in &mut fleet[..3] {
+        r.prefill_backlog = 300;
+    }
+    (p, fleet)
+}
+
 #[test]
 fn a_session_keeps_its_replica_until_saturation_or_expiry() {
     let mut p = policy(4);

@@ -218,14 +218,7 @@ fn the_explained_wait_is_the_one_counted_for_a_hot_group_copied_where_nothing_is
         prompt_tokens: 1_000,
         ..features(7, &[1, 2, 3, 4, 5, 6, 7, 8])
     };
-    let mut p = policy_with(4, PolicyConfig::default());
-    for i in 0..200 {
-        p.record(ReplicaId(i % 3), &f);
-    }
-    let mut fleet = view(&[1, 1, 1, 1]);
-    for r in &mut fleet[..3] {
-        r.prefill_backlog = 300;
-    }
+    let (mut p, mut fleet) = hot_on_three_of_four(&f);
     let idle = &mut fleet[3];
     idle.kv_capacity_tokens = Some(10_000);
     idle.kv_usage = Some(0.99);
