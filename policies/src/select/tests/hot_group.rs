@@ -92,7 +92,7 @@ fn a_hot_group_is_copied_only_where_no_prefill_is_queued() {
     // 1,100 tokens there against 300 at a holder.
     let f = prompt(1_000);
     for (queued, spreads) in [(0, true), (100, false)] {
-        let (mut p, mut fleet) = hot_on_three_of_four(&f);
+        let (p, mut fleet) = hot_on_three_of_four(&f);
         fleet[3].prefill_backlog = queued;
         let d = p.select(&f, FleetView { replicas: &fleet });
         assert!(d.hot_group);

@@ -218,7 +218,7 @@ fn the_explained_wait_is_the_one_counted_for_a_hot_group_copied_where_nothing_is
         prompt_tokens: 1_000,
         ..features(7, &[1, 2, 3, 4, 5, 6, 7, 8])
     };
-    let (mut p, mut fleet) = hot_on_three_of_four(&f);
+    let (p, mut fleet) = hot_on_three_of_four(&f);
     let idle = &mut fleet[3];
     idle.kv_capacity_tokens = Some(10_000);
     idle.kv_usage = Some(0.99);
