@@ -85,8 +85,9 @@ pub struct PolicyConfig {
     pub traffic_half_life_ms: u64,
     /// A prefix group (the prompts sharing their first `ring_key_chunks` blocks) is hot when
     /// its recent traffic is more than this many times the fair share of the replicas holding
-    /// it: other replicas then recompute it without `recompute_penalty`, a one-time cost for
-    /// a lasting spread.
+    /// it (by more than a count's noise, unless it is all the traffic yet, as the first
+    /// requests of one system prompt are): other replicas then recompute it without
+    /// `recompute_penalty`, a one-time cost for a lasting spread.
     pub hot_group_factor: f64,
     /// Replicas whose totals are within this of the best, holding as much of the prompt as
     /// the best and some of it, are a tie, and the request goes to one of them drawn at random

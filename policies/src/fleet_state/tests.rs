@@ -204,7 +204,19 @@ fn a_recurring_prompt_is_copied_without_penalty_where_nothing_waits_and_empty_bl
                 },
             );
         }
-        // Five questions queued on the holder: 2,560 tokens ahead there.
+        // A request of another group done on the holder, so that this group is not all the
+        // traffic (which would make it hot at once); then five questions queued on the
+        // holder: 2,560 tokens ahead there.
+        let other_group = RequestFeatures {
+            block_hashes: (900_000..900_004).collect(),
+            prompt_tokens: 64,
+            ring_key: 7,
+            ..Default::default()
+        };
+        let d = f.rank(&ask("m", &other_group), 0, 2).unwrap();
+        let to_holder = d.ranked.iter().find(|c| c.replica == holder).unwrap();
+        f.send(99, to_holder, &other_group, 0);
+        f.finished(99);
         for request in 0..5 {
             let p = prompt(request);
             let d = f.rank(&ask("m", &p), 0, 2).unwrap();

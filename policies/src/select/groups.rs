@@ -53,9 +53,10 @@ impl Policy {
     }
 
     /// Whether the group brings more recent traffic than its holders can take at
-    /// `hot_group_factor` times their fair share. Recomputing what they all hold elsewhere is
-    /// then a one-time cost for a lasting spread, so the prefill and prefix signals count it
-    /// as held everywhere and the recompute penalty is lifted.
+    /// `hot_group_factor` times their fair share, or is all the traffic counted yet while some
+    /// replica lacks it. Recomputing what they all hold elsewhere is then a one-time cost for a
+    /// lasting spread, so the prefill and prefix signals count it as held everywhere and the
+    /// recompute penalty is lifted.
     pub(super) fn is_hot(&self, g: &GroupHolders, now_ms: u64) -> bool {
         let c = &self.config;
         let half_life = c.traffic_half_life_ms;
@@ -64,10 +65,18 @@ impl Policy {
         // `scale` times as many in all: the request being placed, and the margin of one
         // request below, are `1 / scale` of what it counts.
         let part = c.hot_group_factor * f64::from(g.holders) / f64::from(g.healthy);
-        let scale = self.fleet_count(1.0);
-        let n = self.traffic.total(now_ms, half_life) + 1.0 / scale;
-        let share = part * n;
         let count = self.groups.of(g.group, now_ms, half_life);
+        let total = self.traffic.total(now_ms, half_life);
+        // The first requests of one system prompt: no other group wants the replicas that lack
+        // it, so it spreads from its second request, not once the margin below lets it (a
+        // dozen requests queued on its first replica's cold prefill while the rest idle). Both
+        // counts decay alike, so "all" is equality up to rounding.
+        if part < 1.0 && count > 0.0 && count >= total * (1.0 - 1e-9) {
+            return true;
+        }
+        let scale = self.fleet_count(1.0);
+        let n = total + 1.0 / scale;
+        let share = part * n;
         // More than their share by more than the count's noise, three standard deviations of
         // a binomial count (of n requests, each of the group with chance `part`), and by one of
         // the fleet's requests: a few early requests of one group are not a trend, but a group

@@ -118,6 +118,31 @@ fn a_group_that_is_all_the_traffic_is_hot_within_a_few_dozen_requests() {
 }
 
 #[test]
+fn a_group_that_is_all_the_traffic_yet_spreads_from_its_second_request() {
+    // The first request went to replica 0, which holds the prompt and computes it; the rest
+    // are idle. The second one's copy is worth making at once: no other group wants the idle
+    // replicas. With a request of another group counted, the margin of a count's noise keeps
+    // it on its holder, and so does a `hot_group_factor` at which one holder of four is its
+    // fair share.
+    let f = prompt(1_000);
+    let factor = |hot_group_factor| PolicyConfig {
+        hot_group_factor,
+        ..Default::default()
+    };
+    for (mut p, spreads) in [
+        (policy_without_traffic(4, factor(1.0)), true),
+        (policy_with(4, factor(1.0)), false),
+        (policy_without_traffic(4, factor(4.0)), false),
+    ] {
+        p.record(ReplicaId(0), &f);
+        let fleet = held_by_first(1_000, 4);
+        let d = p.select(&f, FleetView { replicas: &fleet });
+        assert_eq!(d.hot_group, spreads);
+        assert_eq!(d.ranked[0].replica != ReplicaId(0), spreads, "{d:?}");
+    }
+}
+
+#[test]
 fn a_hot_groups_blocks_count_as_held_in_the_prefix_signal_too() {
     let f = prompt(1_000);
     for (requests, hot) in [(3, false), (200, true)] {
@@ -282,8 +307,8 @@ fn a_prompt_sent_to_several_replicas_counts_on_each_and_heats_its_group_as_befor
 
 #[test]
 fn a_group_is_hot_sooner_where_other_gateways_route_it_unseen() {
-    // Replica 0 holds the group and has prefill queued; this gateway sent it four requests,
-    // all it sent. Alone, it would take seven to tell a trend. One of eight gateways that
+    // Replica 0 holds the group and has prefill queued; this gateway sent it five requests,
+    // of six it sent. Alone, it would take seven to tell a trend. One of eight gateways that
     // share nothing has likely seen an eighth of the fleet's; with its seven peers telling
     // it theirs, it has seen them all.
     let f = prompt(1_000);
@@ -295,7 +320,7 @@ fn a_group_is_hot_sooner_where_other_gateways_route_it_unseen() {
     ] {
         let mut p = policy_with(4, PolicyConfig::default());
         p.set_gateways(gateways, seen);
-        for _ in 0..4 {
+        for _ in 0..5 {
             p.record(ReplicaId(0), &f);
         }
         let d = p.select(

@@ -11,7 +11,7 @@ fn group(g: u64) -> RequestFeatures {
 
 /// Two new groups placed on each of replicas 0, 1 and 2; none on 3.
 fn placed_unevenly() -> Policy {
-    let mut p = policy_with(4, PolicyConfig::default());
+    let mut p = policy_without_traffic(4, PolicyConfig::default());
     for (g, replica) in [(1, 0), (2, 0), (3, 1), (4, 1), (5, 2), (6, 2)] {
         p.record(ReplicaId(replica), &group(g));
     }
@@ -82,7 +82,7 @@ proptest! {
     fn the_fewer_blocks_placed_the_higher_the_spread(
         history in prop::collection::vec((0u32..4, 1usize..9), 0..40),
     ) {
-        let mut p = policy_with(4, PolicyConfig::default());
+        let mut p = policy_without_traffic(4, PolicyConfig::default());
         let mut placed = [0usize; 4];
         for (i, &(replica, len)) in history.iter().enumerate() {
             let g = 1_000 + i as u64;
@@ -159,7 +159,7 @@ fn the_ring_owners_vote_for_a_new_prefix_is_worth_what_prompts_lately_shared() {
     // Where the owner of `g` goes with `backlog` tokens queued there, through 8 gateways
     // this one does not hear from, after prompts that found `held` of their 10 blocks held.
     let kept = |held: f64, backlog: u64| {
-        let mut p = policy_with(4, PolicyConfig::default());
+        let mut p = policy_without_traffic(4, PolicyConfig::default());
         p.set_gateways(8, 1);
         if held > 0.0 {
             let sent = Candidate {
