@@ -61,9 +61,11 @@ pub struct PolicyConfig {
     pub queue_saturation: u32,
     /// The prefill signal counts each prompt token a replica would compute although another
     /// candidate holds it this many times more: recomputing a held prefix delays everything
-    /// queued behind it there, and spreads copies that evict other prefixes. 0: every token
-    /// counts once. Lifted for a hot group (`hot_group_factor`) and for a session's request
-    /// (its own history serves only its next turn).
+    /// queued behind it there, and spreads copies that evict other prefixes; where the
+    /// healthy replicas have more than a prompt's work ahead on average, that many times more
+    /// (the fleet is short of capacity, and a copy adds to its work). 0: every token counts
+    /// once. Lifted for a hot group (`hot_group_factor`) and for a session's request (its own
+    /// history serves only its next turn).
     pub recompute_penalty: f64,
     /// The recompute, in tokens, at which `recompute_penalty` reaches its full weight; a
     /// shorter one is penalised in proportion to its length, or to the share of the replica's

@@ -21,6 +21,9 @@ pub(crate) struct PromptWork {
     step_wait: bool,
     /// The wait for KV room counts (see [`PromptWork::without_kv_wait`]).
     kv_wait: bool,
+    /// How many times over the penalty counts for the fleet's queues (at least once; see
+    /// [`PromptWork::with_fleet_queues`]).
+    busy_fleet: f64,
 }
 
 impl PromptWork {
@@ -33,6 +36,7 @@ impl PromptWork {
             penalty_full_at: 0,
             step_wait: true,
             kv_wait: true,
+            busy_fleet: 1.0,
         }
     }
 
@@ -78,6 +82,32 @@ impl PromptWork {
         }
     }
 
+    /// Counts the recompute penalty more where the fleet is busy: the healthy `replicas`' mean
+    /// work ahead of a new prompt, in prompts of this one's length, times over (at least
+    /// once). A copy moves a request off one queue onto another; where the replicas have more
+    /// than a prompt ahead on average, the fleet is short of capacity rather than one replica
+    /// of it, and the copy's recompute adds work to a fleet that cannot spare it (and the
+    /// longer the queues, the more requests wait behind it before they drain). Set after
+    /// [`PromptWork::without_kv_wait`]: the work ahead is as this prompt counts it.
+    pub fn with_fleet_queues<'a>(self, replicas: impl Iterator<Item = &'a ReplicaView>) -> Self {
+        let (ahead, healthy) = replicas
+            .filter(|r| r.healthy)
+            .fold((0u64, 0u64), |(ahead, n), r| {
+                (ahead.saturating_add(self.queued_on(r)), n + 1)
+            });
+        let prompts = ahead as f64 / healthy.max(1) as f64 / self.tokens.max(1) as f64;
+        PromptWork {
+            busy_fleet: prompts.max(1.0),
+            ..self
+        }
+    }
+
+    /// The work ahead of a whole new prompt on `r`: its backlog less what it has likely
+    /// computed, or its wait for KV room where that is longer.
+    fn queued_on(&self, r: &ReplicaView) -> u64 {
+        r.prefill_ahead().max(self.kv_wait_on(r, self.tokens))
+    }
+
     /// Tokens left to prefill on a replica holding `held` of the prompt's leading blocks: the
     /// share of blocks it does not hold, applied to the prompt's tokens (off by at most the
     /// partial last block, which no replica holds).
@@ -101,7 +131,8 @@ impl PromptWork {
         } else {
             self.penalty_weight(r, recompute)
         };
-        let penalty = (recompute as f64 * self.recompute_penalty * weight).round() as u64;
+        let penalty =
+            (recompute as f64 * self.recompute_penalty * weight * self.busy_fleet).round() as u64;
         // Queued prompts are computed while the queue waits for room: whichever is longer.
         let queued = r.prefill_ahead().saturating_add(self.step_wait_on(r));
         queued
@@ -205,6 +236,37 @@ mod tests {
         assert_eq!(ramp.ahead_on(&idle(Some(0.75)), 0.0), 1_000 + 1_200);
         // An engine that reports no KV use: the whole penalty.
         assert_eq!(ramp.ahead_on(&idle(None), 0.0), 1_000 + 2 * 800);
+    }
+
+    #[test]
+    fn the_penalty_counts_as_many_times_over_as_the_fleet_has_prompts_ahead_on_average() {
+        let queued = |prefill_backlog: u64, healthy: bool| ReplicaView {
+            prefill_backlog,
+            healthy,
+            ..idle_replica()
+        };
+        // 1,000 tokens, 10 blocks; another candidate holds 8 of them: 1,600 tokens of penalty.
+        let w = PromptWork::new(1_000, 10).with_recompute_penalty(8.0, 2.0, 0);
+        let on_idle = |fleet: &[ReplicaView]| {
+            w.with_fleet_queues(fleet.iter())
+                .ahead_on(&idle_replica(), 0.0)
+        };
+        // Under a prompt ahead on average: the penalty once.
+        assert_eq!(
+            on_idle(&[queued(1_500, true), queued(0, true)]),
+            1_000 + 1_600
+        );
+        // Three prompts ahead on average: three times; an unhealthy replica is not counted.
+        assert_eq!(
+            on_idle(&[queued(6_000, true), queued(0, true), queued(0, false)]),
+            1_000 + 3 * 1_600
+        );
+        // The holder recomputes nothing, however busy the fleet.
+        let busy = [queued(6_000, true), queued(0, true)];
+        assert_eq!(
+            w.with_fleet_queues(busy.iter()).ahead_on(&busy[1], 8.0),
+            200
+        );
     }
 
     #[test]

@@ -386,6 +386,7 @@ impl Policy {
         {
             prompt = prompt.without_kv_wait();
         }
+        let prompt = prompt.with_fleet_queues(fleet.replicas.iter());
         let least_work = fleet
             .replicas
             .iter()

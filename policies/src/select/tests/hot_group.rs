@@ -86,6 +86,28 @@ fn a_short_recompute_of_a_recurring_group_costs_its_share_of_the_penalty() {
 }
 
 #[test]
+fn a_holder_keeps_its_group_past_a_longer_backlog_where_the_whole_fleet_is_busy() {
+    // Replica 0 holds the 1,000-token prompt of a cold group; a copy elsewhere costs 1,000
+    // tokens and 2,000 of penalty, times the prompts the fleet has ahead on average. With the
+    // others idle, a 4,000-token backlog at the holder spills (4,000 against 1,000 + 2,000 x
+    // 1.33). With 3,000 ahead at each of them, 7,000 at the holder does not (7,000 against
+    // 3,000 + 1,000 + 2,000 x 4.33), where a fleet counted as idle would move it to a queue
+    // that a copy makes longer (6,000).
+    let f = prompt(1_000);
+    for (holder, others, spills) in [(4_000, 0, true), (7_000, 3_000, false)] {
+        let mut p = policy_with(3, prefill_only());
+        p.record(ReplicaId(0), &f);
+        let mut fleet = held_by_first(holder, 3);
+        for r in &mut fleet[1..] {
+            r.prefill_backlog = others;
+        }
+        let d = p.select(&f, FleetView { replicas: &fleet });
+        assert!(!d.hot_group);
+        assert_eq!(d.ranked[0].replica != ReplicaId(0), spills, "{d:?}");
+    }
+}
+
+#[test]
 fn a_hot_group_is_copied_only_where_no_prefill_is_queued() {
     // The group is hot on three of four replicas, 300 tokens queued at each holder. A copy to
     // a fourth replica with a prefill queued would put the whole prompt ahead of that queue:
@@ -222,7 +244,8 @@ fn a_sessions_first_request_counts_what_its_groups_holders_have_as_held_everywhe
 
 proptest! {
     /// A group that is not hot stays with its holder while the backlog there is shorter than
-    /// the prompt's recompute counted `1 + recompute_penalty` times, and spills past that.
+    /// the prompt's recompute counted `1 + recompute_penalty` times (the penalty times over
+    /// the prompts the fleet has ahead on average, where more than one), and spills past that.
     #[test]
     fn a_holder_keeps_its_group_up_to_the_penalised_recompute(
         tokens in 64u64..20_000,
@@ -232,8 +255,10 @@ proptest! {
         let mut p = policy_with(n as u32, prefill_only());
         let f = prompt(tokens);
         p.record(ReplicaId(0), &f);
-        let recompute = tokens as f64 * (1.0 + p.config().recompute_penalty);
-        let backlog = (share * recompute) as u64;
+        let penalty = p.config().recompute_penalty;
+        let backlog = (share * tokens as f64 * (1.0 + penalty)) as u64;
+        let busy = (backlog as f64 / n as f64 / tokens as f64).max(1.0);
+        let recompute = tokens as f64 * (1.0 + penalty * busy);
         prop_assume!((backlog as f64 - recompute).abs() > 1.0);
         let d = p.select(&f, FleetView { replicas: &held_by_first(backlog, n) });
         prop_assert_eq!(d.ranked[0].replica == ReplicaId(0), (backlog as f64) < recompute);
