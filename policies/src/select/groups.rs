@@ -53,8 +53,8 @@ impl Policy {
     }
 
     /// Whether the group brings more recent traffic than its holders can take at
-    /// `hot_group_factor` times their fair share, or is all the traffic counted yet while some
-    /// replica lacks it. Recomputing what they all hold elsewhere is then a one-time cost for a
+    /// `hot_group_factor` times their fair share, or is all the traffic counted yet while more
+    /// than one replica lacks it. Recomputing what they all hold elsewhere is then a one-time cost for a
     /// lasting spread, so the prefill and prefix signals count it as held everywhere and the
     /// recompute penalty is lifted.
     pub(super) fn is_hot(&self, g: &GroupHolders, now_ms: u64) -> bool {
@@ -69,9 +69,12 @@ impl Policy {
         let total = self.traffic.total(now_ms, half_life);
         // The first requests of one system prompt: no other group wants the replicas that lack
         // it, so it spreads from its second request, not once the margin below lets it (a
-        // dozen requests queued on its first replica's cold prefill while the rest idle). Both
-        // counts decay alike, so "all" is equality up to rounding.
-        if part < 1.0 && count > 0.0 && count >= total * (1.0 - 1e-9) {
+        // dozen requests queued on its first replica's cold prefill while the rest idle). All
+        // but one replica: another group may yet come, and should find one not computing this
+        // one (two groups on two replicas). Both counts decay alike, so "all" is equality up
+        // to rounding.
+        let all_the_traffic = count > 0.0 && count >= total * (1.0 - 1e-9);
+        if all_the_traffic && part < 1.0 && g.holders + 1 < g.healthy {
             return true;
         }
         let scale = self.fleet_count(1.0);

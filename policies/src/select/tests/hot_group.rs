@@ -145,19 +145,21 @@ fn a_group_that_is_all_the_traffic_yet_spreads_from_its_second_request() {
     // are idle. The second one's copy is worth making at once: no other group wants the idle
     // replicas. With a request of another group counted, the margin of a count's noise keeps
     // it on its holder, and so does a `hot_group_factor` at which one holder of four is its
-    // fair share.
+    // fair share, and a fleet of two, where a copy would leave no replica for another group
+    // that may yet come.
     let f = prompt(1_000);
     let factor = |hot_group_factor| PolicyConfig {
         hot_group_factor,
         ..Default::default()
     };
-    for (mut p, spreads) in [
-        (policy_without_traffic(4, factor(1.0)), true),
-        (policy_with(4, factor(1.0)), false),
-        (policy_without_traffic(4, factor(4.0)), false),
+    for (n, mut p, spreads) in [
+        (4, policy_without_traffic(4, factor(1.0)), true),
+        (4, policy_with(4, factor(1.0)), false),
+        (4, policy_without_traffic(4, factor(4.0)), false),
+        (2, policy_without_traffic(2, factor(1.0)), false),
     ] {
         p.record(ReplicaId(0), &f);
-        let fleet = held_by_first(1_000, 4);
+        let fleet = held_by_first(1_000, n);
         let d = p.select(&f, FleetView { replicas: &fleet });
         assert_eq!(d.hot_group, spreads);
         assert_eq!(d.ranked[0].replica != ReplicaId(0), spreads, "{d:?}");
