@@ -54,9 +54,9 @@ impl Policy {
 
     /// Whether the group brings more recent traffic than its holders can take at
     /// `hot_group_factor` times their fair share, or is all the traffic counted yet while more
-    /// than one replica lacks it. Recomputing what they all hold elsewhere is then a one-time cost for a
-    /// lasting spread, so the prefill and prefix signals count it as held everywhere and the
-    /// recompute penalty is lifted.
+    /// than one replica lacks it. Recomputing what they all hold elsewhere is then a one-time
+    /// cost for a lasting spread, so the prefill and prefix signals count it as held
+    /// everywhere and the recompute penalty is lifted.
     pub(super) fn is_hot(&self, g: &GroupHolders, now_ms: u64) -> bool {
         let c = &self.config;
         let half_life = c.traffic_half_life_ms;
